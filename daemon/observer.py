@@ -153,6 +153,10 @@ def _nothing_in_flight(engine: EngineSample) -> bool:
     return engine.running_requests <= 0 and engine.waiting_requests <= 0
 
 
+CREATED_NEW_IN_A_ROW = 3
+"""Scrapes in a row whose changed ``_created`` times are all new, after which they are not
+read as creation times (:meth:`DomainObserver._recreated`)."""
+
 RESTARTS_LEFT_OUT = (
     "{count} more in the {seconds:.0f} s before were not logged: does this URL reach "
     "several engines in turn (a load balancer)?"
@@ -165,19 +169,14 @@ def _another_engine(last: EngineSample, sample: EngineSample) -> bool:
     another model (a name either page lacks tells nothing), or as many data-parallel
     engines no more (a deployment scaled up or down: the sums now hold an engine's
     lifetime counters more, or less), or other ones (one left and another joined
-    between two scrapes: the sums swapped one's lifetime for the other's), or with a
-    series created again (its ``_created`` time changed: a restart whose counters rose
-    past the old ones before this scrape, or another replica behind a load balancer,
-    whose lifetimes' difference no counter going back shows); its counters are its own."""
+    between two scrapes: the sums swapped one's lifetime for the other's); its counters
+    are its own. (A series created again is another engine too:
+    :meth:`DomainObserver._recreated`.)"""
     if sample.engine != last.engine or sample.engines != last.engines:
         return True
     shown = (last.engine_labels, sample.engine_labels)
     if None not in shown and shown[0] != shown[1]:
         return True
-    if last.created and sample.created:
-        before = dict(last.created)
-        if any(before.get(key, value) != value for key, value in sample.created):
-            return True
     names = (last.model_name, sample.model_name)
     return None not in names and names[0] != names[1]
 
@@ -305,6 +304,10 @@ class DomainObserver:
         self._last_reminder_s = -math.inf
         self._engine_episodes = EpisodeLog(log_every_s)
         self._restarts = EpisodeLog(log_every_s, left_out=RESTARTS_LEFT_OUT)
+        self._created_seen: set[tuple[str, float]] = set()
+        """Every (series, ``_created`` time) the engine's pages have had."""
+        self._created_new_in_a_row = 0
+        self._created_trusted = True
         """Engine restarts and changes said: at most one line a ``log_every_s``."""
         self._restarted = False
         self.role = role
@@ -403,7 +406,8 @@ class DomainObserver:
             self._report_failure(now_s, error)
             return error, elapsed
         elapsed = self._clock() - started
-        new_engine = self._last is not None and _another_engine(self._last, sample)
+        recreated = self._recreated(sample)
+        new_engine = self._last is not None and (recreated or _another_engine(self._last, sample))
         if new_engine:
             # Its counters are checked against none of the old engine's.
             self._last_raw = self._jumped = None
@@ -673,6 +677,38 @@ class DomainObserver:
                 labelled,
                 self.role,
             )
+
+    def _recreated(self, sample: EngineSample) -> bool:
+        """Whether ``sample``'s series were created again since the last page taken (a
+        ``_created`` time changed): a restart whose counters rose past the old ones before
+        this scrape, or another replica behind a load balancer, whose lifetimes'
+        difference no counter going back shows. Times that are all new at
+        :data:`CREATED_NEW_IN_A_ROW` scrapes in a row are no creation times (a page built
+        afresh for each request stamps each with its time; every scrape read as another
+        engine, no window was taken): from then on they are not read (one line says so).
+        Replicas answering in turn show times seen before."""
+        if not self._created_trusted or not sample.created:
+            return False
+        last = self._last
+        before = dict(last.created) if last is not None and last.created else {}
+        changed = [item for item in sample.created if before.get(item[0], item[1]) != item[1]]
+        fresh = bool(changed) and not any(item in self._created_seen for item in changed)
+        if len(self._created_seen) > 10_000:  # label churn
+            self._created_seen.clear()
+        self._created_seen.update(sample.created)
+        self._created_new_in_a_row = self._created_new_in_a_row + 1 if fresh else 0
+        if self._created_new_in_a_row >= CREATED_NEW_IN_A_ROW:
+            self._created_trusted = False
+            log.warning(
+                "%s",
+                self._named(
+                    f"the page's _created series change at every scrape ({len(changed)} "
+                    f"new at {CREATED_NEW_IN_A_ROW} scrapes in a row): not creation times; "
+                    "a restart is told by counters going back alone from here"
+                ),
+            )
+            return False
+        return bool(changed)
 
     def _report_restart(self, now_s: float, another: bool) -> None:
         """One line when the engine restarts or another one answers on the URL (its

@@ -185,3 +185,20 @@ def test_a_restart_is_said_once_and_a_url_that_flips_once_a_minute(
     assert "more in the 60 s before were not logged: does this URL reach several engines" in (
         said[1].getMessage()
     )
+
+
+def test_creation_times_new_at_every_scrape_are_no_engine_identity(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A page built afresh for every request (a proxy or exporter that makes a new
+    registry each time) writes ``_created`` as the time of that request: read as
+    creation times, every scrape was another engine and no window was ever taken. Three
+    scrapes in a row whose times are all new are no engine identity: from then on only
+    counters going back tell a restart (one line says so), and the windows are taken."""
+    pages = [_page(1.0 + 0.5 * k, CREATED + k) for k in range(8)]
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.observer"):
+        ticks = _observe(pages)
+    assert ticks[-1].ttft_count_total is not None and ticks[-1].ttft_count_total >= 150.0
+    said = [r.getMessage() for r in caplog.records if "_created" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "change at every scrape" in said[0]
