@@ -65,7 +65,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from gpugov.daemon.deadline import WRITE_DEADLINE_S, LatestWriter
+from gpugov.daemon.deadline import WRITE_DEADLINE_S, CallTimeout, LatestWriter, SerialCalls
 from gpugov.daemon.episode_log import FailureRun
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import (
@@ -224,6 +224,14 @@ def hold_model_file(directory: Path, domain: str, name: str) -> IO[str] | None:
     return handle
 
 
+def _unlinked(handle: Any) -> bool:
+    """Whether the open file ``handle`` has no name left (removed under this process)."""
+    try:
+        return os.fstat(handle.fileno()).st_nlink == 0
+    except (OSError, ValueError):  # ValueError: closed meanwhile (released)
+        return False
+
+
 class LockState:
     """The locks this daemon holds, in ``DIR/locks.json``.
 
@@ -268,6 +276,10 @@ class LockState:
         self._limits: dict[str, dict[str, Any]] = self._limit_entries(data)
         self._held: Any = None
         self._writer = LatestWriter(self._write_file, write_deadline_s, name="lock-state")
+        self._hold_check = SerialCalls(
+            write_deadline_s, name="lock-state-hold", cause="a hung disk or mount"
+        )
+        """Where :meth:`_hold_lost` looks at the hold file, within the write deadline."""
         self._written: set[tuple[bool, str]] = set()
         """The entries this process wrote, as ``(power limit, GPU key)``
         (:meth:`written_here`)."""
@@ -527,13 +539,16 @@ class LockState:
         """Whether the hold file was removed under this process (the state directory
         deleted or cleaned while the daemon runs): its ``flock`` then holds a file no
         other run opens, and the lock record went with it. One ``fstat`` of the open
-        file, no path looked up."""
+        file, no path looked up, on a worker thread within the write deadline: on a hung
+        mount (an NFS ``GETATTR`` that never answers) it held the loop, each tick, with
+        no watchdog ping and no stop taken. One that hangs says no (not looked at again
+        until it answers)."""
         held = self._held
         if held is None:
             return False
         try:
-            return os.fstat(held.fileno()).st_nlink == 0
-        except OSError:
+            return bool(self._hold_check.call(lambda: _unlinked(held)))
+        except CallTimeout:
             return False
 
     def _hold_again(self) -> None:

@@ -376,3 +376,42 @@ def test_the_state_file_is_not_read_while_a_save_hangs(
     first_new = names.index("mistral")
     assert set(names[:first_new]) == {"llama"} and set(names[first_new:]) == {"mistral"}
     wrapper.close()
+
+
+def test_a_hung_look_at_the_state_directorys_hold_never_stalls_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tick's retry looks whether the hold file was removed under the daemon (one
+    ``fstat``), on the loop's thread: on a hung mount (an NFS ``GETATTR`` that never
+    answers) the loop stopped there, no watchdog ping, a SIGTERM not taken, GPUs locked.
+    It is bounded as the record's writes are: one write deadline once, then no wait while
+    it hangs, and the hold is looked at again once the disk answers."""
+    release = threading.Event()
+    blocked = threading.Event()
+    state = LockState(tmp_path, write_deadline_s=DEADLINE_S)
+    state.hold()
+    hold_fd = state._held.fileno()
+
+    class HungFstat:
+        """``os`` as lockstate sees it, the hold file's ``fstat`` hung."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        def fstat(self, fd: int) -> os.stat_result:
+            if fd == hold_fd:
+                blocked.set()
+                release.wait(JOIN_S)
+            return os.fstat(fd)
+
+    monkeypatch.setattr(lockstate, "os", HungFstat())
+    with freed_at_end(release.set):
+        worker = threading.Thread(target=lambda: [state.retry() for _ in range(50)], daemon=True)
+        worker.start()
+        worker.join(JOIN_S / 2)
+        assert blocked.is_set()
+        assert not worker.is_alive(), "a tick's retry waited on the hung hold file"
+        release.set()
+        (tmp_path / lockstate.HOLD_FILE).unlink()  # the directory cleaned under the daemon
+        assert eventually(lambda: [state.retry()] and (tmp_path / lockstate.HOLD_FILE).exists())
+    state.release()
