@@ -304,12 +304,14 @@ class DomainObserver:
         self._last_reminder_s = -math.inf
         self._engine_episodes = EpisodeLog(log_every_s)
         self._restarts = EpisodeLog(log_every_s, left_out=RESTARTS_LEFT_OUT)
+        """Engine restarts and changes said: at most one line a ``log_every_s``."""
+        self._restarted = False
+        """Whether the last page's counters went back (:meth:`_impossible_counters`)."""
         self._created_seen: set[tuple[str, float]] = set()
         """Every (series, ``_created`` time) the engine's pages have had."""
         self._created_new_in_a_row = 0
         self._created_trusted = True
-        """Engine restarts and changes said: at most one line a ``log_every_s``."""
-        self._restarted = False
+        """Whether ``_created`` times are read as creation times (:meth:`_recreated`)."""
         self.role = role
         self.role_from_config = role_from_config
         self.domain = domain
