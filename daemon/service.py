@@ -22,7 +22,7 @@ from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
 from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import spec_name
-from gpugov.daemon.deadline import CallTimeout, DecisionTimeout, SerialCalls
+from gpugov.daemon.deadline import WRITE_DEADLINE_S, CallTimeout, DecisionTimeout, SerialCalls
 from gpugov.daemon.decide import (
     ControllerContext,
     Forecasts,
@@ -261,11 +261,36 @@ class Assembled:
             self._close_backends()
         for source in self.sources:
             source.close()
-        if self.state is not None:
-            self.state.release()
-        for held in self.held_models:
-            held.close()
+        self._close_files()
+
+    def _close_files(self, deadline_s: float = WRITE_DEADLINE_S) -> None:
+        """Let the state directory go and close the learned models' hold files on a
+        worker thread, waited for at most ``deadline_s`` (a write's): on a hung mount (an
+        NFS lock's release is a call to the server) the close held the exit, after the
+        resets, until the unit's stop timeout killed it. One warning; the process's
+        exit releases them."""
+        state, held = self.state, list(self.held_models)
         self.held_models.clear()
+        if state is None and not held:
+            return
+        calls = SerialCalls(deadline_s, name="close-files", cause="a hung disk or mount")
+
+        def close_all() -> None:
+            if state is not None:
+                state.release()
+            for handle in held:
+                handle.close()
+
+        try:
+            calls.call(close_all)
+        except CallTimeout:
+            where = state.path.parent if state is not None else "the models' directory"
+            log.warning(
+                "%s: its hold files have not closed within %g s (a hung disk or mount); "
+                "exiting without it (the process's exit releases them)",
+                where,
+                deadline_s,
+            )
 
     def _close_backends(self, deadline_s: float | None = None) -> None:
         """Close the backends on a worker thread, waited for at most ``deadline_s``

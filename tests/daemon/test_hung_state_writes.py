@@ -415,3 +415,34 @@ def test_a_hung_look_at_the_state_directorys_hold_never_stalls_the_loop(
         (tmp_path / lockstate.HOLD_FILE).unlink()  # the directory cleaned under the daemon
         assert eventually(lambda: [state.retry()] and (tmp_path / lockstate.HOLD_FILE).exists())
     state.release()
+
+
+def test_a_hung_release_of_the_state_directory_never_holds_the_exit(
+    tmp_path: Path, hung: _HungDisk, metrics_server: MetricsServer
+) -> None:
+    """The exit lets the state directory go (the hold file's ``flock``) and closes the
+    learned models' hold files after the resets: on a hung mount (an NFS lock release is
+    a call to the server) the close never returned, and the daemon outlived the unit's
+    stop timeout. Each is waited for at most the write deadline now."""
+    fake = FakeNvml(1)
+    assembled = fixed_clock_node(tmp_path, metrics_server, fake)
+    assert assembled.state is not None and assembled.state._held is not None
+    held = assembled.state._held
+
+    class HungClose:
+        """The hold file, its close hung on the mount."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(held, name)
+
+        def close(self) -> None:
+            hung.release.wait(JOIN_S)
+            held.close()
+
+    assembled.state._held = HungClose()
+    assembled.held_models.append(HungClose())  # type: ignore[arg-type]
+    done = threading.Event()
+    with freed_at_end(hung.release.set):
+        threading.Thread(target=lambda: (assembled.close(), done.set()), daemon=True).start()
+        assert done.wait(JOIN_S / 2), "the exit waited on the hung close"
+        assert not hung.release.is_set()
