@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 
 BASELINE = "max"
 """The controller every row's saving is measured against."""
+SUMMARY_METRICS = (
+    "energy_j",
+    "energy_per_output_token_j",
+    "slo_attainment",
+    "ttft_p95_s",
+    "tpot_p95_s",
+    "power_cap_violation_s",
+    "thermal_violation_s",
+)
+"""The metrics :func:`summarize` reads of every finished cell's row."""
 
 
 def _row_problem(row: Any) -> str | None:
@@ -37,6 +47,23 @@ def _row_problem(row: Any) -> str | None:
             return f"metric {name!r} is not a number"
         if finite_number(value) is None:
             return f"metric {name!r} is too large or not finite"
+    for name in SUMMARY_METRICS:
+        if name not in metrics:
+            return f"a finished cell without the metric {name!r}"
+    return _cell_problem(row)
+
+
+def _cell_problem(row: dict[str, Any]) -> str | None:
+    """What makes a finished row's cell fields unusable (None: they are as a sweep writes
+    them): the trace, profile and controller names, a load and a seed."""
+    for name in ("trace", "profile", "controller"):
+        if not isinstance(row.get(name), str):
+            return f"{name} is {row.get(name)!r:.80}, not a name"
+    if finite_number(row.get("load")) is None:
+        return f"load is {row.get('load')!r:.80}, not a load"
+    seed = row.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return f"seed is {seed!r:.80}, not a seed"
     return None
 
 

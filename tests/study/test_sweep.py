@@ -558,6 +558,35 @@ def test_an_output_directory_under_a_missing_parent_is_refused(tmp_path: Path) -
     assert not out.parent.exists()
 
 
+_OK_ROW: dict[str, Any] = {
+    "key": "a",
+    "trace": "t.csv",
+    "profile": "p",
+    "load": 1.0,
+    "controller": "max",
+    "seed": 0,
+    "status": "ok",
+    "metrics": {
+        "energy_j": 1.0,
+        "energy_per_output_token_j": 0.1,
+        "slo_attainment": 1.0,
+        "ttft_p95_s": 0.1,
+        "tpot_p95_s": 0.01,
+        "power_cap_violation_s": 0.0,
+        "thermal_violation_s": 0.0,
+    },
+}
+"""A finished cell's row as a sweep writes it, trimmed to what the summary reads."""
+
+
+def test_a_finished_row_the_summary_can_read_is_a_result(tmp_path: Path) -> None:
+    from gpugov.study.sweep_results import read_results
+
+    path = tmp_path / RESULTS
+    path.write_text(json.dumps(_OK_ROW) + "\n")
+    assert read_results(path) == ([_OK_ROW], 0)
+
+
 @pytest.mark.parametrize(
     ("row", "problem"),
     [
@@ -565,8 +594,26 @@ def test_an_output_directory_under_a_missing_parent_is_refused(tmp_path: Path) -
         ({"key": "a", "status": "ok"}, "without its metrics object"),
         ({"key": "a", "status": "ok", "metrics": {"energy_j": "1"}}, "'energy_j' is not a number"),
         ({"key": "a", "status": "ok", "metrics": {"energy_j": 10**400}}, "'energy_j' is too large"),
+        # Each ended --resume in a traceback when the summary was made (KeyError, TypeError).
+        ({**_OK_ROW, "metrics": {}}, "without the metric 'energy_j'"),
+        ({**_OK_ROW, "seed": None}, "seed is None, not a seed"),
+        ({**_OK_ROW, "seed": True}, "seed is True, not a seed"),
+        ({**_OK_ROW, "trace": []}, r"trace is \[\], not a name"),
+        ({**_OK_ROW, "load": {}}, "load is {}, not a load"),
+        ({key: value for key, value in _OK_ROW.items() if key != "seed"}, "seed is None"),
     ],
-    ids=["list-key", "no-metrics", "string-metric", "huge-metric"],
+    ids=[
+        "list-key",
+        "no-metrics",
+        "string-metric",
+        "huge-metric",
+        "metric-missing",
+        "seed-null",
+        "seed-bool",
+        "trace-list",
+        "load-object",
+        "seed-missing",
+    ],
 )
 def test_a_results_line_of_the_wrong_shape_is_named_on_resume(
     tmp_path: Path, row: dict[str, Any], problem: str
