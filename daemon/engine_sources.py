@@ -43,6 +43,10 @@ MISSING_CHANGES_LEFT_OUT = (
 """What a logged page that lacks series says about the changes left out before it."""
 
 
+HTML_SHOWN_CHARS = 80
+"""The most characters of an HTML page's start its failure's line quotes."""
+
+
 class ScrapedSource:
     """An engine's ``/metrics`` page over HTTP.
 
@@ -105,6 +109,7 @@ class ScrapedSource:
         budget = self.timeout_s if timeout_s is None else max(0.0, min(timeout_s, self.timeout_s))
         deadline = self._clock() + budget
         text = self._fetch(self.url, budget)
+        self._refuse_html(text)
         try:
             if self.spec is None:
                 self._detect(text)
@@ -119,6 +124,23 @@ class ScrapedSource:
         if self._clock() > deadline:
             raise self._unread(text, budget)
         return sample
+
+    def _refuse_html(self, text: str) -> None:
+        """Refuse a page that is HTML (no Prometheus text starts with ``<``), quoting its
+        start: an authenticating proxy's sign-in page answers 200, and the line blamed
+        the engine kind or its metrics.
+
+        Raises:
+            EngineParseError: the page starts with ``<``.
+        """
+        head = text.lstrip("\ufeff \t\r\n")
+        if head.startswith("<"):
+            shown = repr(head[:HTML_SHOWN_CHARS].rstrip())
+            more = "..." if len(head.rstrip()) > HTML_SHOWN_CHARS else ""
+            raise EngineParseError(
+                f"{self.url}: the page is HTML, not Prometheus text ({shown}{more}): a "
+                "sign-in or error page of a proxy, or a URL that is not the engine's metrics"
+            )
 
     def _unread(self, text: str, budget: float) -> EngineUnavailable:
         """The failure of a page fetched in time but not read by the deadline."""

@@ -400,7 +400,7 @@ def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
     out = capsys.readouterr().out
     assert (
         f"engine {url}: reachable, but its answer is not a metrics page gpugov can read: "
-        f"{url}: no vllm:, sglang: or tgi_ metrics on the page" in out
+        f"{url}: the page is HTML, not Prometheus text" in out
     )
     metrics_server.status = 500
     assert node_cli.main(["status", "--engine-url", url]) == 0

@@ -426,6 +426,9 @@ def test_each_failure_says_what_happened(metrics_server: MetricsServer) -> None:
     with pytest.raises(EngineUnavailable, match=f"^{url}: line 1 is not Prometheus text"):
         VllmSource(url, timeout_s=2.0).scrape()
     metrics_server.page = "<html>not a metrics page</html>\n"
+    with pytest.raises(EngineUnavailable, match=f"^{url}: the page is HTML, not Prometheus"):
+        VllmSource(url, timeout_s=2.0).scrape()
+    metrics_server.page = "process_cpu_seconds_total 1.5\n"
     with pytest.raises(EngineUnavailable, match=f"^{url}: no vllm queue gauges"):
         VllmSource(url, timeout_s=2.0).scrape()
     metrics_server.status = 503
@@ -1262,6 +1265,22 @@ def test_a_tgi_that_has_served_no_request_is_said_to_be_one() -> None:
         ScrapedSource("http://e/metrics", fetch=lambda url, t: page).scrape()
     for raised in (configured, detected):
         assert "a TGI that has served no request yet has none" in str(raised.value)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "auto"])
+def test_an_html_page_is_said_to_be_one(metrics_server: MetricsServer, kind: str) -> None:
+    """An authenticating proxy's sign-in page answers 200 with HTML: the line blamed the
+    engine kind or its metrics (``no vllm queue gauges ... metrics not enabled``). It says
+    the page is HTML, quoting its start."""
+    metrics_server.page = "\n<!DOCTYPE html>\n<html><head><title>Sign in</title></head></html>\n"
+    source = ScrapedSource(metrics_server.url, kind, timeout_s=2.0)  # type: ignore[arg-type]
+    with pytest.raises(EngineParseError) as raised:
+        source.scrape()
+    assert str(raised.value) == (
+        f"{metrics_server.url}: the page is HTML, not Prometheus text "
+        "('<!DOCTYPE html>\\n<html><head><title>Sign in</title></head></html>'): a sign-in "
+        "or error page of a proxy, or a URL that is not the engine's metrics"
+    )
 
 
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
