@@ -148,6 +148,29 @@ def _redirect_advice(url: str, response: http.client.HTTPResponse) -> str:
     return f" to {target}; gpugov follows no redirect: set engine.url to {target}"
 
 
+def _credentials_advice(response: http.client.HTTPResponse) -> str:
+    """For a 401 or 403, that gpugov sends no credentials (and a 401's challenge, quoted):
+    a page behind authentication failed every scrape with the bare status. "" for any
+    other status."""
+    if response.status == 401:
+        challenge = response.getheader("WWW-Authenticate")
+        asked = (
+            f": WWW-Authenticate: {challenge.strip()[:SAID_CHARS]}"
+            if challenge and challenge.isprintable()
+            else ""
+        )
+        return (
+            f" (the page asks for credentials{asked}; gpugov sends none: give it a metrics "
+            "URL that needs none)"
+        )
+    if response.status == 403:
+        return (
+            " (the page refuses this client: gpugov sends no credentials: give it a metrics "
+            "URL that needs none)"
+        )
+    return ""
+
+
 class ExchangeDeadline:
     """Shuts a connection's socket down when the whole exchange passes its deadline.
 
@@ -433,7 +456,8 @@ class KeepAliveFetcher:
                 reason = response.reason
                 if len(reason) > SAID_CHARS or not reason.isprintable():
                     reason = quoted(reason)
-                raise EngineHttpError(f"{url}: HTTP {response.status} {reason}{moved}")
+                refused = _credentials_advice(response)
+                raise EngineHttpError(f"{url}: HTTP {response.status} {reason}{moved}{refused}")
             page = _decompressed(body, response.getheader("Content-Encoding"), url, self.max_bytes)
             return _decode(page, url)
         raise self._late(url, timeout_s)

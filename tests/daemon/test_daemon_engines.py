@@ -1283,6 +1283,39 @@ def test_an_html_page_is_said_to_be_one(metrics_server: MetricsServer, kind: str
     )
 
 
+@pytest.mark.parametrize(
+    ("status", "challenge", "said"),
+    [
+        (
+            401,
+            'Bearer realm="vllm"',
+            "HTTP 401 Unauthorized (the page asks for credentials: "
+            'WWW-Authenticate: Bearer realm="vllm"; gpugov sends none: give it a metrics URL '
+            "that needs none)",
+        ),
+        (
+            403,
+            None,
+            "HTTP 403 Forbidden (the page refuses this client: gpugov sends no "
+            "credentials: give it a metrics URL that needs none)",
+        ),
+    ],
+    ids=["401", "403"],
+)
+def test_a_page_behind_authentication_says_gpugov_sends_no_credentials(
+    metrics_server: MetricsServer, status: int, challenge: str | None, said: str
+) -> None:
+    """An engine whose metrics sit behind authentication (an API key on every route, a
+    proxy) answers 401 or 403 at every scrape: the line said only the status, and the
+    node held the fail-safe with nothing saying that gpugov sends no credentials."""
+    metrics_server.status = status
+    if challenge is not None:
+        metrics_server.headers["WWW-Authenticate"] = challenge
+    with pytest.raises(EngineHttpError) as raised:
+        VllmSource(metrics_server.url, timeout_s=2.0).scrape()
+    assert str(raised.value) == f"{metrics_server.url}: {said}"
+
+
 def test_an_answer_with_two_different_content_lengths_is_a_failed_scrape() -> None:
     """Two Content-Length headers that disagree (a proxy that adds its own): http.client
     reads as many bytes as the first says, so a page cut at a line the first length
