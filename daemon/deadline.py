@@ -219,7 +219,10 @@ class DecisionDeadline(ControllerWrapper):
     def close(self) -> None:
         """Retire the worker thread and close the inner controller, unless a late call is
         still running in it (closing it under that call is not safe, and a hung close
-        would stall the exit); that thread ends when the call returns."""
+        would stall the exit); that thread ends when the call returns. The close runs on
+        a thread of its own, waited for at most :data:`CLOSE_WAIT_S`: outside code whose
+        close never returned (a flush to a service that went away) held the exit, after
+        the resets, until the unit's stop timeout killed it."""
         if self._calls is not None:
             self._calls.put(None)
             self._calls = None
@@ -229,7 +232,20 @@ class DecisionDeadline(ControllerWrapper):
                 self.name,
             )
             return
-        super().close()
+        closing = SerialCalls(CLOSE_WAIT_S, name=f"close-{self.name}", cause="a hung close")
+        try:
+            closing.call(super().close)
+        except CallTimeout:
+            log.warning(
+                "controller %r: its close has not returned within %g s; exiting without it",
+                self.name,
+                CLOSE_WAIT_S,
+            )
+
+
+CLOSE_WAIT_S = 1.0
+"""How long the exit waits for a deadline-bound controller's close (outside code) before
+it goes on without it (:meth:`DecisionDeadline.close`)."""
 
 
 class WriteTimeout(TimeoutError):

@@ -880,6 +880,26 @@ def _outside_hangs(root: Path) -> dict[str, Any]:
         engine.close()
 
 
+@scenario("outside-controller-close-hangs-at-exit")
+def _outside_close_hangs(root: Path) -> dict[str, Any]:
+    """An outside controller whose ``close`` never returns (a flush to a service that
+    went away): the stop resets the clocks and the exit goes on without the close."""
+    engine = Engine("ok")
+    controller = {"kind": "external", "factory": "hung_governor:hung_close"}
+    node, daemon = _daemon(root, engine, controller=controller)
+    try:
+        daemon.start().wait_locked(LOCKED_MHZ)
+        assert daemon.stop(timeout_s=30.0) == 0, daemon.stderr
+        assert node.locked() == [None, None], node.writes()
+        assert "its close has not returned within" in daemon.stderr, daemon.stderr
+        assert "stopped; every clock gpugov locked was reset" in daemon.stderr
+        assert_clean(daemon)
+        return {}
+    finally:
+        daemon.kill()
+        engine.close()
+
+
 @scenario("outside-controller-not-a-clock")
 def _outside_not_a_clock(root: Path) -> dict[str, Any]:
     """An outside controller answering a string: the top clock, counted, one log line."""

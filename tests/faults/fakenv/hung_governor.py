@@ -30,3 +30,19 @@ def not_a_clock(context: Any) -> Any:
         return "fast"
 
     return decide
+
+
+class _HungClose:
+    """Decides 1410 MHz; its ``close`` (a flush to a service that went away) never
+    returns."""
+
+    def __call__(self, observation: Any) -> float:
+        return 1410.0
+
+    def close(self) -> None:
+        threading.Event().wait()  # never returns
+
+
+def hung_close(context: Any) -> Any:
+    """A governor whose close at exit hangs."""
+    return _HungClose()
