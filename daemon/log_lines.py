@@ -15,6 +15,7 @@ everywhere else (the model store compares the raw ``model_name``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -89,6 +90,13 @@ class BoundedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._left_out = 0
         self._writing_since: float | None = None
         self._writer: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child has no writer thread: its first line starts one of its own."""
+        self._changed = threading.Condition(threading.RLock())
+        self._writer = None
+        self._writing_since = None
 
     def emit(self, record: logging.LogRecord) -> None:
         """Queue the record's line and wait for it (see the class)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 from daemon_support import JOIN_S
 
@@ -83,3 +84,25 @@ def test_a_healthy_stream_gets_each_line_before_the_call_returns() -> None:
             assert stream.text[-1] == f"line {number}\n"
     finally:
         handler.close()
+
+
+def test_a_forked_child_writes_its_lines_with_a_writer_of_its_own(tmp_path: Path) -> None:
+    """The writer thread is not forked with the process: a child's lines waited for a
+    thread it does not have, 0.5 s each, and were lost."""
+    import os
+
+    path = tmp_path / "child.log"
+    with path.open("w") as stream:
+        handler = BoundedStreamHandler(stream)
+        handler.setFormatter(LineFormatter("%(message)s"))
+        logger = _logger(handler)
+        logger.warning("parent")  # the parent's writer thread runs
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            started = time.monotonic()
+            logger.warning("child")
+            os._exit(0 if time.monotonic() - started < LOG_WAIT_S else 1)
+        _, status = os.waitpid(pid, 0)
+        handler.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert path.read_text().splitlines() == ["parent", "child"]
