@@ -375,10 +375,17 @@ def _notify_not_read(root: Path) -> dict[str, Any]:
         reader.close()
 
 
-@scenario("stderr-pipe-not-read")
-def _stderr_not_read(root: Path) -> dict[str, Any]:
+def _stderr_not_read(sig: int) -> Scenario:
+    def run(root: Path) -> dict[str, Any]:
+        return _stderr_not_read_stopped(root, sig)
+
+    return run
+
+
+def _stderr_not_read_stopped(root: Path, sig: int) -> dict[str, Any]:
     """The daemon's stderr is a pipe whose reader stopped reading (a container runtime's
-    blocking log mode on a full log disk): the loop goes on, and a SIGTERM resets."""
+    blocking log mode on a full log disk): the loop goes on, and a stop resets and exits
+    (Ctrl-C's last line, which the pipe cannot take, is not waited for)."""
     engine = Engine("ok")
     node, daemon = _daemon(root, engine)
     reader, writer = os.pipe()
@@ -400,8 +407,8 @@ def _stderr_not_read(root: Path) -> dict[str, Any]:
             engine.set(mode)
             time.sleep(0.5)
         assert daemon.process is not None and daemon.process.poll() is None
-        code = daemon.stop(timeout_s=20.0)
-        assert code == 0, code
+        code = daemon.stop(sig, timeout_s=20.0)
+        assert code == (130 if sig == signal.SIGINT else 0), code
         assert node.locked() == [None, None], node.writes()
         return {}
     finally:
@@ -412,6 +419,10 @@ def _stderr_not_read(root: Path) -> dict[str, Any]:
                 pass
         os.close(reader)
         os.close(writer)
+
+
+scenario("stderr-pipe-not-read")(_stderr_not_read(signal.SIGTERM))
+scenario("stderr-pipe-not-read-ctrl-c")(_stderr_not_read(signal.SIGINT))
 
 
 # ------------------------------------------------------------------------ files
