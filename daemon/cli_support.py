@@ -440,14 +440,18 @@ def check_kv_fits(workload: Sequence[Request], plant: ServingPlant, trace: str) 
         )
 
 
-def check_window_span(span_s: float, trace: str) -> None:
+def check_window_span(
+    span_s: float,
+    trace: str,
+    remedy: str = "choose a shorter --duration or a larger --load-scale",
+) -> None:
     """Refuse a window whose last arrival (``span_s``, scaled by its load) lies past
-    :data:`MAX_SIMULATED_DAYS`."""
+    :data:`MAX_SIMULATED_DAYS`; ``remedy`` names what to change in the caller's terms (a
+    sweep grid's keys, not flags it does not take)."""
     if not math.isfinite(span_s) or span_s > MAX_SIMULATED_DAYS * 86_400.0:
         raise UsageError(
             f"--trace {trace}: the window spans {format_seconds(span_s)} simulated seconds, "
-            f"over the limit of {MAX_SIMULATED_DAYS:g} simulated days; choose a shorter "
-            "--duration or a larger --load-scale"
+            f"over the limit of {MAX_SIMULATED_DAYS:g} simulated days; {remedy}"
         )
 
 

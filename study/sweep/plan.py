@@ -373,7 +373,11 @@ def _check_cells(
                     if index == 0:
                         check_kv_fits(window, plant, trace)
                     if latest is not None:
-                        check_window_span(latest / load if load != 1.0 else latest, trace)
+                        check_window_span(
+                            latest / load if load != 1.0 else latest,
+                            trace,
+                            "choose a shorter duration_s or larger loads",
+                        )
                 except UsageError as error:
                     message = str(error).removeprefix(f"--trace {trace}: ")
                     raise UsageError(

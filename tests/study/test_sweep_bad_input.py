@@ -411,3 +411,13 @@ def test_what_needs_no_trace_is_refused_before_any_trace_is_read(
     with pytest.raises(UsageError) as refused:
         sweep.plan_sweep(grid)
     assert expected in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_window_too_long_in_a_grid_names_the_grid_keys_to_change(tmp_path: Path) -> None:
+    """The refusal of a cell past the simulated-days limit told a sweep's user to choose
+    "a shorter --duration or a larger --load-scale", flags ``sweep`` does not take; it
+    names the grid's keys now."""
+    stderr = _refused(tmp_path, "loads = [1e-6]\n")
+    assert "load 1e-06: the window spans " in stderr
+    assert stderr.rstrip().endswith("choose a shorter duration_s or larger loads"), stderr
+    assert "--duration" not in stderr and "--load-scale" not in stderr
