@@ -156,6 +156,11 @@ def recorded_domains(where: str, header: Mapping[str, Any]) -> tuple[float, dict
     for index, info in enumerate(listed):
         if not isinstance(info, dict) or not isinstance(info.get("name"), str):
             raise RecordingError(f"{where} domains[{index}] is no object with a name")
+        if not info["name"].isprintable():  # a newline in it cut replay's lines in two
+            raise RecordingError(
+                f"{where} domains[{index}].name must be printable text (no control "
+                f"characters), got {info['name']!r:.80}"
+            )
         if info["name"] in domains:  # its ticks would be read as one domain's
             first = next(i for i, other in enumerate(listed) if other is domains[info["name"]])
             raise RecordingError(

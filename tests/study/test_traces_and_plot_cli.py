@@ -361,6 +361,13 @@ HEADER_DAMAGE = {
         lambda header: header["domains"].append(dict(header["domains"][0])),
         "header domains[1] names domain 'sim' again (domains[0])",
     ),
+    # Replay printed the name as it was: a newline split its report's line in two, an
+    # escape sequence drove the terminal.
+    "name with control characters": (
+        lambda header: header["domains"][0].update(name="a\x1b[31m\nb"),
+        "header domains[0].name must be printable text (no control characters), got "
+        "'a\\x1b[31m\\nb'",
+    ),
     "no clocks": (
         lambda header: header["domains"][0].update(supported_clocks_mhz=[]),
         "domain 'sim' has no supported clocks in the header",
