@@ -389,6 +389,20 @@ def test_reset_clocks_through_a_backend_that_sets_no_power_limit_names_the_one_l
     assert LockState(tmp_path).get_power_limit(fake.gpus[0].uuid) is not None  # kept
 
 
+def test_status_refuses_an_engine_url_with_credentials(
+    fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--engine-url http://USER:PASSWORD@HOST/...``: the credentials were dropped from
+    the request (a 401 said "reachable, but answered with an error") and the password
+    printed. Refused in one line naming the flag, the password not echoed, as the
+    config's engine.url is."""
+    code = node_cli.main(["status", "--engine-url", "http://gpugov:s3cret@127.0.0.1:9/metrics"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("gpugov: error: --engine-url: cannot hold credentials"), err
+    assert "s3cret" not in err and err.count("\n") == 1
+
+
 def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
