@@ -403,11 +403,8 @@ def run_scheduling_on_plant(
     progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
     """The second stage: each first-stage policy as an :class:`MDPPolicyScheduler`, plus
-    chunked prefill, on the plant at the MDP's calibration clock."""
-    if progress is not None:
-        progress(
-            "scheduling on the plant: MDP policies vs chunked prefill at the calibration clock"
-        )
+    chunked prefill, on the plant at the MDP's calibration clock; ``progress`` is told
+    before each run (a step each: each replays the whole evaluation window)."""
     scheduling = parts["scheduling"]
     return _scheduling_on_plant(
         inputs.evaluation_workload,
@@ -421,6 +418,7 @@ def run_scheduling_on_plant(
             "decode_priority": ("Decode-priority heuristic", scheduling["heuristic_policy"]),
         },
         stride=inputs.stride,
+        progress=progress,
     )
 
 
@@ -432,14 +430,22 @@ def _scheduling_on_plant(
     decision_period_s: float,
     policies: Mapping[str, tuple[str, Any]],
     stride: int,
+    progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
     """Each policy as an :class:`MDPPolicyScheduler`, plus chunked prefill, on the plant
-    at one fixed clock."""
+    at one fixed clock; ``progress`` is told before each run."""
     controller = case_study_controller(
         FixedControllerConfig(kind="fixed", clock_mhz=clock_mhz), plant, workload
     )
+    runs = len(policies) + 1
+
+    def report(index: int, label: str) -> None:
+        if progress is not None:
+            progress(f"scheduling on the plant at the calibration clock: {label} ({index}/{runs})")
+
     schedulers: dict[str, Any] = {}
-    for key, (label, policy) in policies.items():
+    for index, (key, (label, policy)) in enumerate(policies.items(), 1):
+        report(index, label)
         scheduler = MDPPolicyScheduler(
             np.asarray(policy, dtype=int), decision_period_s=decision_period_s, label=label
         )
@@ -452,6 +458,7 @@ def _scheduling_on_plant(
             scheduler_name=label,
         )
         schedulers[key] = _plant_scheduler_payload(result, label=label, policy=key, stride=stride)
+    report(runs, "Chunked prefill")
     chunked = simulate(
         workload,
         plant,

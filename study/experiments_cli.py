@@ -618,9 +618,9 @@ def build_sharded_results(
 
 
 # --------------------------------------------------------------------------- run
-EXPERIMENT_STEPS = 12
-"""Progress steps: the suite's eleven (``build_textbook_results`` reports one line before
-each) and writing the figures."""
+EXPERIMENT_STEPS = 17
+"""Progress steps: the suite's sixteen (``build_textbook_results`` reports one line before
+each; each of the five runs on the plant is one) and writing the figures."""
 
 
 def animation_length_s(given_s: float | None, duration_s: float) -> float:

@@ -160,11 +160,36 @@ def test_progress_lines_carry_step_elapsed_and_eta(quick_run) -> None:
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) >= 10
-    pattern = re.compile(r"^experiments: +\d+\.\d% \(\d+/12 steps\), elapsed \S+, ETA \S+, \S")
+    pattern = re.compile(r"^experiments: +\d+\.\d% \(\d+/17 steps\), elapsed \S+, ETA \S+, \S")
     assert all(pattern.match(line) for line in lines), lines
-    assert lines[-1].startswith("experiments: 100.0% (12/12 steps)")
+    assert lines[-1].startswith("experiments: 100.0% (17/17 steps)")
     assert any("fqi" in line for line in lines)
     assert lines[-1].endswith("done")
+
+
+def test_each_run_on_the_plant_is_a_step(quick_run) -> None:
+    """The second stage's five runs on the plant (each policy and chunked prefill, over the
+    whole evaluation window) were one step: on an hour's window it ran 37 s at "83.3%
+    ... ETA 2s" with no line. Each run is a step of its own now, so the ETA counts them;
+    and the figures are a step until they are written (the bar read 100 % meanwhile)."""
+    _, _, _, stderr = quick_run
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    on_plant = [line for line in lines if "scheduling on the plant" in line]
+    assert [line.split(", ", 3)[-1] for line in on_plant] == [
+        f"scheduling on the plant at the calibration clock: {label} ({index}/5)"
+        for index, label in enumerate(
+            (
+                "Exact DP",
+                "FQI, broad coverage",
+                "FQI, narrow log",
+                "Decode-priority heuristic",
+                "Chunked prefill",
+            ),
+            1,
+        )
+    ], lines
+    figures = next(line for line in lines if line.endswith("writing figures"))
+    assert figures.startswith("experiments:  94.1% (16/17 steps)"), lines
 
 
 def test_identical_runs_give_identical_json_except_solve_times(
