@@ -37,7 +37,7 @@ from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode, error_lines, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX, MIN_PERIOD_S
-from gpugov.daemon.log_lines import command_line, log_to_stderr
+from gpugov.daemon.log_lines import command_line, log_to_stderr, print_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
@@ -542,9 +542,9 @@ def fail(message: str | BaseException, code: int = ExitCode.USAGE) -> int:
     stays one; a config error with several problems prints each on a line of its own
     (:func:`~gpugov.daemon.errors.error_lines`)."""
     first, *more = error_lines(message)
-    print(command_line("error", first), file=sys.stderr)
+    print_to_stderr(command_line("error", first))
     for line in more:
-        print(printable(line), file=sys.stderr)
+        print_to_stderr(printable(line))
     return int(code)
 
 

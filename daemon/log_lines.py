@@ -105,6 +105,11 @@ class BoundedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # as StreamHandler.emit: a record that cannot be formatted
             self.handleError(record)
             return
+        self.write_line(line)
+
+    def write_line(self, line: str) -> None:
+        """Write ``line`` (its newline included) after the lines queued, waiting for it as
+        a record's (:func:`print_to_stderr`: a command's own last line)."""
         with self._changed:
             if len(self._lines) >= LOG_QUEUE_LINES:
                 self._left_out += 1
@@ -175,6 +180,19 @@ class BoundedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
                     if not self._lines and self._left_out:  # no later line to say it
                         self._queue(self._left_out_line())
                     self._changed.notify_all()
+
+
+def print_to_stderr(text: str) -> None:
+    """Print ``text`` as one line on stderr (a command's error or last line). Where the
+    root logger writes stderr through a :class:`BoundedStreamHandler` (``run``, the
+    actuator), through it: after the log lines queued, and never waiting long on a stderr
+    that takes no lines, where a ``print`` waited for the reader with the GPUs reset and
+    the exit held (Ctrl-C's ``interrupted`` line, exit 6's)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, BoundedStreamHandler) and handler.stream is sys.stderr:
+            handler.write_line(text + handler.terminator)
+            return
+    print(text, file=sys.stderr)
 
 
 def log_to_stderr(level: int) -> None:

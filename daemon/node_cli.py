@@ -58,6 +58,7 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.exit_restore import ExitBudget
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.lockstate import refuse_if_held
+from gpugov.daemon.log_lines import print_to_stderr
 from gpugov.daemon.loop import (
     ResetAdvice,
     SystemdNotify,
@@ -255,7 +256,7 @@ def _stopped(received: list[str]) -> int:
     """The exit code of a run stopped by a signal (``received``: its name, if any)."""
     if received[:1] == ["SIGINT"]:
         # Ctrl-C, as every command answers it: one line and 130, after the reset.
-        print("gpugov: interrupted; every clock gpugov locked was reset", file=sys.stderr)
+        print_to_stderr("gpugov: interrupted; every clock gpugov locked was reset")
         return ExitCode.INTERRUPTED
     return EXIT_OK
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,6 +27,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     ReadRefused,
 )
+from gpugov.daemon.log_lines import print_to_stderr
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.nvml import load_pynvml, nvml_device_count
 from gpugov.daemon.record import RecordingError
@@ -84,7 +84,7 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         except ReadRefused as error:  # its own words: the action refused, no dry run
             return fail(error, ExitCode.PERMISSION)
         except PermissionDenied:
-            print(f"gpugov: {PERMISSION_DENIED_MESSAGE}", file=sys.stderr)
+            print_to_stderr(f"gpugov: {PERMISSION_DENIED_MESSAGE}")
             return ExitCode.PERMISSION
         except GpuLost as error:
             # Lost while governed, the others were reset (exit 5); lost before (or for a

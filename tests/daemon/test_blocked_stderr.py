@@ -6,13 +6,21 @@ them again, those left out counted in one line."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from daemon_support import JOIN_S
 
-from gpugov.daemon.log_lines import LOG_QUEUE_LINES, LOG_WAIT_S, BoundedStreamHandler, LineFormatter
+from gpugov.daemon.log_lines import (
+    LOG_QUEUE_LINES,
+    LOG_WAIT_S,
+    BoundedStreamHandler,
+    LineFormatter,
+    print_to_stderr,
+)
 
 
 class StuckStream:
@@ -106,3 +114,33 @@ def test_a_forked_child_writes_its_lines_with_a_writer_of_its_own(tmp_path: Path
         handler.close()
     assert os.waitstatus_to_exitcode(status) == 0
     assert path.read_text().splitlines() == ["parent", "child"]
+
+
+def test_a_commands_last_line_goes_after_the_log_lines_and_never_waits_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C's ``interrupted`` line (exit 6's, any ``gpugov: error:``) was printed to the
+    stderr the log lines go to: on a stuck pipe the print waited for the reader, the GPUs
+    reset and the exit held. It goes through the log's writer now, after its lines."""
+    stream = StuckStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    handler = BoundedStreamHandler(stream)  # type: ignore[arg-type]
+    handler.setFormatter(LineFormatter("%(message)s"))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    try:
+        started = time.monotonic()
+        logging.getLogger("gpugov.test.last_line").warning("received SIGINT; stopping")
+        print_to_stderr("gpugov: interrupted; every clock gpugov locked was reset")
+        assert time.monotonic() - started < 2 * LOG_WAIT_S + 1.0
+        assert not stream.text
+        stream.release.set()
+        deadline = time.monotonic() + JOIN_S
+        while len(stream.text) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stream.text == [
+            "received SIGINT; stopping\n",
+            "gpugov: interrupted; every clock gpugov locked was reset\n",
+        ]
+    finally:
+        stream.release.set()
+        handler.close()
