@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 import tomllib
 import urllib.parse
 from pathlib import Path
@@ -45,7 +46,7 @@ from gpugov.daemon.controller_config import (
 )
 from gpugov.daemon.errors import ConfigError
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.limits import MAX_GPU_INDEX, MAX_PERIOD_S, MIN_PERIOD_S
+from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, MAX_PERIOD_S, MIN_PERIOD_S
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.profile_files import written_as_path
@@ -95,7 +96,7 @@ def _gpu_id(value: Any) -> int | str:
     # pynvml passes the index as a C unsigned int: 4294967296 would be GPU 0 by another name.
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPU_INDEX:
         return value
-    if isinstance(value, str) and value.startswith(("GPU-", "MIG-")):
+    if isinstance(value, str) and re.fullmatch(GPU_UUID_PATTERN, value):
         return value
     raise ValueError(
         f"a GPU is an NVML index (0 to {MAX_GPU_INDEX}) or a GPU-/MIG- UUID, got {value!r}"

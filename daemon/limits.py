@@ -55,7 +55,12 @@ MAX_POWER_W = 1_000_000.0
 cap): the largest NVLink domain, 72 GPUs of 1.4 kW each, draws about 100 kW, so a larger
 number is a typo."""
 
+GPU_UUID_PATTERN = r"(GPU|MIG)-[0-9A-Za-z/-]{1,120}"
+"""A GPU or MIG UUID as NVML prints it (``GPU-8f2e...``, ``MIG-GPU-8f2e.../1/0``): a name
+with a space, an escape or nothing after the prefix names no GPU."""
+
 __all__ = [
+    "GPU_UUID_PATTERN",
     "MAX_CLOCK_MHZ",
     "MAX_CONCURRENCY",
     "MAX_COUNT",

@@ -105,7 +105,13 @@ BOUNDS: list[tuple[tuple[str, Build], tuple[Any, ...], tuple[Any, ...]]] = [
     (controller("voltana", "margin"), (-1.0, 1.1), (-0.99, 1.0)),
     (controller("voltana", "levels"), (1, 513), (2, 512)),
     # the domain
-    (("domains[0].gpus[0]", lambda value: _domain(gpus=[value])), (-1, 1024, 2**32), (0, 1023)),
+    (
+        ("domains[0].gpus[0]", lambda value: _domain(gpus=[value])),
+        # A UUID with an escape, a space or nothing after its prefix passed check-config,
+        # and run found no such GPU (exit 4) after opening the others.
+        (-1, 1024, 2**32, "GPU-", "GPU-\x1b[2J", "MIG- 1", "GPU-" + "a" * 121),
+        (0, 1023, "GPU-8f2e0d1c-4b5a-11ee-9c3b-0123456789ab", "MIG-GPU-8f2e0d1c/1/0"),
+    ),
     (domain("thermal_limit_c"), (-5.0, 0, 30.0, 150.5, 1e308, NAN, INF), (30.5, 150.0)),
     (domain("power_budget_w"), (0, -1.0, MAX_POWER_W + 1, 1e308, INF, NAN), (1e6,)),
     (domain("mean_prompt_tokens"), (0, 1e308), (1e9,)),
@@ -168,6 +174,7 @@ def _loop_must_not_start(*args: object, **kwargs: object) -> None:
         ("thermal_limit_c = 1e308", "domains[0].thermal_limit_c"),
         ("power_budget_w = inf", "domains[0].power_budget_w"),
         ("gpus = [4294967296]", "domains[0].gpus[0]"),
+        ('gpus = ["GPU-\\u001b[2J"]', "domains[0].gpus[0]"),
         ('controller = { kind = "pid", kp = 1e308 }', "domains[0].controller.kp"),
         ('controller = { kind = "power-cap", cap_w = 2e6 }', "domains[0].controller.cap_w"),
         ('controller = { kind = "reactive", step_mhz = nan }', "domains[0].controller.step_mhz"),
