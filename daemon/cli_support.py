@@ -10,6 +10,7 @@ import importlib
 import logging
 import math
 import os
+import re
 import socket
 import sys
 import time
@@ -36,7 +37,7 @@ from gpugov.daemon.controller_spec import (
 from gpugov.daemon.decide import ControllerContext
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.errors import ExitCode, error_lines, printable
-from gpugov.daemon.limits import MAX_GPU_INDEX, MIN_PERIOD_S
+from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, MIN_PERIOD_S
 from gpugov.daemon.log_lines import command_line, log_to_stderr, print_to_stderr
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
@@ -569,12 +570,12 @@ def parse_gpu_list(
             out.append(int(part))
         elif digits:
             raise UsageError(f"{flag}: GPU index {part[:20]} is over {MAX_GPU_INDEX}")
-        elif part.startswith(("GPU-", "MIG-")):
+        elif re.fullmatch(GPU_UUID_PATTERN, part):  # as NVML prints one, as the config's
             out.append(part)
         else:
             raise UsageError(
                 f"{flag} takes {expected}indices or GPU-/MIG- UUIDs separated by commas, "
-                f"got {part!r}"
+                f"got {part!r:.80}"
             )
         if out[-1] in out[:-1]:  # reset-clocks --gpus 0,0 reset GPU 0 twice
             raise UsageError(f"{flag}: GPU {out[-1]} is named twice")

@@ -1236,6 +1236,20 @@ def test_reset_clocks_refuses_a_uuid_for_emulated_gpus_as_usage(
     )
 
 
+@pytest.mark.parametrize("uuid", ["GPU-", "GPU-\x1b[2J", "MIG- 1", "GPU-" + "a" * 121])
+def test_reset_clocks_refuses_a_uuid_nvml_never_prints_as_usage(
+    uuid: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--gpus GPU-`` (nothing after the prefix), an escape or a space in a UUID: NVML was
+    asked for it and reset-clocks ended "1 of 1 GPU(s) not reset; they may still be
+    locked" (exit 6) instead of naming the flag (exit 2), as the config's gpus does."""
+    assert node_cli.main(["reset-clocks", "--backend", "nvml", "--gpus", f"0,{uuid}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpugov: error: --gpus takes "), lines
+
+
 def test_status_json_has_the_documented_keys(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
