@@ -53,9 +53,9 @@ calls that initialise NVML (listing the GPUs, opening one) may take what is left
 ``nvmlInit`` brings every GPU up, which takes seconds."""
 RESET_BUDGET_S = 10.0
 """The longest ``gpugov reset-clocks`` spends on GPU calls, every GPU's together: a
-preStop hook's time comes out of the pod's ``terminationGracePeriodSeconds`` (30 s),
-and the daemon's own reset at SIGTERM needs the rest (its exit budget, 20 s); once it is
-spent, the GPUs left are named as not reset, not tried."""
+preStop hook's time comes out of the pod's ``terminationGracePeriodSeconds`` (45 s),
+and the daemon's own exit at SIGTERM needs the rest (its 20 s budget and last writes);
+once it is spent, the GPUs left are named as not reset, not tried."""
 
 
 _STATE_LOCK = threading.Lock()

@@ -489,3 +489,36 @@ def test_the_readmes_kubectl_apply_creates_the_namespace_before_what_it_holds() 
                         f"{path.relative_to(REPO)} ({document['kind']}) before the Namespace "
                         f"{namespace!r}"
                     )
+
+
+PROCESS_START_S = 2.0
+"""Room for a gpugov command to start (the interpreter, its imports) before its budget
+runs: the preStop hook's and the daemon's, each."""
+
+
+@pytest.mark.parametrize(("source", "daemonset"), daemonsets(), ids=DAEMONSET_IDS)
+def test_the_grace_period_holds_the_prestop_reset_and_the_daemons_exit(
+    source: str, daemonset: dict[str, Any]
+) -> None:
+    """The kubelet counts a container's preStop hook in ``terminationGracePeriodSeconds``
+    and SIGKILLs what is still running at its end: the hook's ``gpugov reset-clocks``
+    budget, then the daemon's exit (every restore, the lock record's last write, the final
+    model saves) must fit, as they do in the units' ``TimeoutStopSec=``; at 30 s a wedged
+    driver had the daemon killed mid-exit, before the line naming the GPUs it left locked."""
+    from gpugov.daemon.deadline import EXIT_WRITE_WAIT_S, WRITE_DEADLINE_S
+    from gpugov.daemon.exit_restore import EXIT_RESTORE_BUDGET_S
+    from gpugov.daemon.reset_clocks import RESET_BUDGET_S
+
+    pod = daemonset["spec"]["template"]["spec"]
+    grace = pod.get("terminationGracePeriodSeconds", 30)
+    exit_s = PROCESS_START_S + EXIT_RESTORE_BUDGET_S + WRITE_DEADLINE_S + EXIT_WRITE_WAIT_S
+    for container in pod["containers"]:
+        command = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        hook_s = 0.0
+        if command and build_parser().parse_args(command[1:]).command == "reset-clocks":
+            hook_s = PROCESS_START_S + RESET_BUDGET_S
+        assert grace >= hook_s + exit_s, (
+            f"{source}: container {container['name']}: terminationGracePeriodSeconds "
+            f"{grace} < {hook_s + exit_s:g} s (its preStop reset, then its exit's restores "
+            "and last writes)"
+        )
