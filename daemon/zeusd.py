@@ -38,6 +38,7 @@ from gpugov.daemon.errors import (
     printable,
 )
 from gpugov.daemon.files import InputFileError, read_input_text
+from gpugov.daemon.scrape import ExchangeDeadline
 
 MAX_BODY_BYTES = 64 * 1024
 PROBE_EVERY_S = 1.0
@@ -150,14 +151,27 @@ class ZeusdClient:
         target = path + ("?" + urllib.parse.urlencode(params) if params else "")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         connection = self._connection()
+        # One deadline for the whole exchange: the socket's timeout bounds each read, and a
+        # zeusd that answers a byte now and then held the call (the loop's probe) for as
+        # long as it trickled.
+        deadline = ExchangeDeadline(connection, self.timeout_s)
         try:
             connection.request(method, target, headers=headers)
+            deadline.track()
             response = connection.getresponse()
             body = response.read(MAX_BODY_BYTES + 1)
+            if deadline.expired:  # cut short: what came is no answer
+                raise TimeoutError
         except (OSError, http.client.HTTPException) as error:
-            self._failed(f"zeusd at {self.where} unreachable: {error}")
+            if deadline.expired:
+                self._failed(
+                    f"zeusd at {self.where}: no complete answer within {self.timeout_s:g} s"
+                )
+            else:
+                self._failed(f"zeusd at {self.where} unreachable: {error}")
             raise ZeusdUnavailable(str(self.problem)) from error
         finally:
+            deadline.cancel()
             connection.close()
         status = response.status
         message = body[:MAX_BODY_BYTES].decode("utf-8", "replace").strip()

@@ -570,3 +570,39 @@ def test_a_second_actuator_touches_nothing_and_leaves_the_first_serving(
         served.stop()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_zeusd_that_trickles_its_answer_costs_one_timeout() -> None:
+    """The probe of a zeusd that failed runs on the loop's thread each second: its
+    ``timeout_s`` bounded each socket read, so a zeusd answering a byte now and then (a
+    wedged process, a proxy) held the loop, and a stop, for as long as it trickled. It is
+    one deadline for the whole exchange now, as the engine scrape's."""
+    import socket
+    import time
+
+    from gpugov.daemon.zeusd import ZeusdClient, ZeusdUnavailable
+
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def trickle() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.05):  # a header byte every 50 ms, never the end
+                try:
+                    connection.sendall(b"X")
+                except OSError:
+                    return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    client = ZeusdClient(url=f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.25)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ZeusdUnavailable):
+            client.call("GET", "/discover")
+        assert time.monotonic() - started < 2.0
+    finally:
+        stop.set()
+        listener.close()
