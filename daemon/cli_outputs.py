@@ -181,6 +181,18 @@ def check_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool =
     target = os.fspath(path)
     if not target.strip():
         raise UsageError(f"{flag}: empty directory name")
+    if os.path.islink(target) and not os.path.exists(target):
+        # A link to nothing: no directory can be made at it ("File exists"), and one
+        # command took it until its work had begun.
+        try:
+            os.stat(target)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise UsageError(f"{flag} {target}: a symbolic link loop") from error
+        raise UsageError(
+            f"{flag} {target}: a symbolic link to a missing directory "
+            f"({os.path.realpath(target)}; create it first)"
+        )
     if os.path.exists(target) and not os.path.isdir(target):
         raise UsageError(f"{flag} {target}: exists and is not a directory")
     if os.path.isdir(target):

@@ -58,6 +58,7 @@ class Files:
     deep_toml: Path
     fifo: Path
     directory: Path
+    link_loop: Path
     missing: Path
     missing_parent: Path
 
@@ -130,6 +131,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     os.mkfifo(fifo)
     directory = root / "a-directory"
     directory.mkdir()
+    link_loop = root / "link-loop"  # two links that lead to each other
+    link_loop.symlink_to(root / "link-loop-back")
+    (root / "link-loop-back").symlink_to(link_loop)
     return Files(
         root=root,
         trace=trace,
@@ -145,6 +149,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
         deep_toml=deep_toml,
         fifo=fifo,
         directory=directory,
+        link_loop=link_loop,
         missing=root / "no-such-file",
         missing_parent=root / "no-such-dir" / "out",
     )
@@ -167,13 +172,14 @@ def input_files(f: Files) -> list[str]:
         "/dev/zero",
         str(f.fifo),
         str(f.directory),
+        str(f.link_loop),
         str(f.missing),
     ]
 
 
 def input_dirs(f: Files) -> list[str]:
     """Every flag that names a directory to read gets these."""
-    return ["", "/dev/zero", str(f.fifo), str(f.binary), str(f.missing)]
+    return ["", "/dev/zero", str(f.fifo), str(f.binary), str(f.link_loop), str(f.missing)]
 
 
 def output_files(f: Files) -> list[str]:
@@ -184,6 +190,7 @@ def output_files(f: Files) -> list[str]:
         "/dev/zero",
         str(f.fifo),
         str(f.directory),
+        str(f.link_loop),
         str(f.missing_parent),
         "/proc/gpugov-out",
     ]
@@ -197,6 +204,7 @@ def output_dirs(f: Files) -> list[str]:
         "/dev/zero",
         str(f.fifo),
         str(f.binary),
+        str(f.link_loop),
         str(f.missing_parent),
         "/proc/gpugov-out",
     ]
@@ -457,6 +465,34 @@ def test_the_catalogue_covers_every_kind(files: Files) -> None:
     ]:
         assert expected in flags, expected
     assert len(cases) > 300, len(cases)
+
+
+@pytest.mark.parametrize(
+    "command", ["sweep", "fleet", "bench controllers", "model export", "profile"]
+)
+def test_an_out_dir_that_is_a_link_to_nothing_is_refused_naming_it(
+    command: str, files: Files, tmp_path: Path
+) -> None:
+    """A --out DIR that is a link loop or a link to a missing directory: profile took it
+    (and asked the engine first), the others said "cannot create it: File exists"."""
+    for link, said in (
+        (files.link_loop, "a symbolic link loop"),
+        (files.root / "dangling", "a symbolic link to a missing directory"),
+    ):
+        if not link.is_symlink():
+            link.symlink_to(files.root / "no-such-dir" / "out")
+        argv = _with_out(bases(files, tmp_path)[command], str(link))
+        code, stderr, _ = _run_in_process(argv)
+        lines = stderr.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (command, stderr)
+        assert lines[0].startswith(f"gpugov: error: --out {link}: {said}"), lines
+
+
+def _with_out(base: list[str], out: str) -> list[str]:
+    """``base`` with its ``--out`` value replaced by ``out``."""
+    argv = list(base)
+    argv[argv.index("--out") + 1] = out
+    return argv
 
 
 WORST = [
