@@ -10,11 +10,11 @@ what the actuator imports).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import re
 import signal
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +30,9 @@ from gpugov.daemon.actuator_server import (
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
 from gpugov.daemon.limits import MAX_GPU_INDEX
-from gpugov.daemon.log_lines import log_to_stderr
+from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
+from gpugov.daemon.stop_signals import off_handler
 
 # The server's logger: one actuator, one name in its log lines.
 log = logging.getLogger("gpugov.daemon.actuator_server")
@@ -191,7 +192,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 def _error(message: str) -> None:
     """Print one error line, escaped as every command's (``cli_support.fail``, which
     the actuator's lean import path leaves out)."""
-    print(f"gpugov: error: {printable(message)}", file=sys.stderr)
+    print_to_stderr(f"gpugov: error: {printable(message)}")
 
 
 def run_actuator(args: argparse.Namespace) -> int:
@@ -215,8 +216,10 @@ def run_actuator(args: argparse.Namespace) -> int:
     stop: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
+        # No lock taken here, a log line's included (daemon.stop_signals.set_from_handler).
         if stop:
-            log.warning("received %s again; still stopping", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            off_handler(functools.partial(log.warning, "received %s again; still stopping", name))
         stop.append(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
@@ -291,7 +294,7 @@ def _serve(
     if code == ExitCode.NOT_RESET:
         _error("some GPUs could not be reset; see the log")
     elif interrupted:
-        print("gpugov: interrupted; every GPU the actuator served was reset", file=sys.stderr)
+        print_to_stderr("gpugov: interrupted; every GPU the actuator served was reset")
     return code
 
 

@@ -16,7 +16,6 @@ from daemon_support import JOIN_S
 
 from gpugov.daemon.log_lines import (
     LOG_QUEUE_LINES,
-    LOG_WAIT_S,
     BoundedStreamHandler,
     LineFormatter,
     print_to_stderr,
@@ -61,7 +60,8 @@ def test_log_calls_do_not_wait_on_a_stderr_that_takes_no_lines() -> None:
             logger.info("line %d", number)
         handler.flush()  # the exit's: waits for nothing while the stream hangs
         took_s = time.monotonic() - started
-        assert took_s < 2 * LOG_WAIT_S + 1.0, took_s  # one wait, not one per line
+        # One wait, not one per line (those would take minutes): a bound, not a timing.
+        assert took_s < JOIN_S / 2, took_s
         assert not stream.text
         stream.release.set()
         deadline = time.monotonic() + JOIN_S
@@ -107,9 +107,8 @@ def test_a_forked_child_writes_its_lines_with_a_writer_of_its_own(tmp_path: Path
         logger.warning("parent")  # the parent's writer thread runs
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            started = time.monotonic()
-            logger.warning("child")
-            os._exit(0 if time.monotonic() - started < LOG_WAIT_S else 1)
+            logger.warning("child")  # lost where the child had no writer thread
+            os._exit(0)
         _, status = os.waitpid(pid, 0)
         handler.close()
     assert os.waitstatus_to_exitcode(status) == 0
@@ -131,7 +130,7 @@ def test_a_commands_last_line_goes_after_the_log_lines_and_never_waits_long(
         started = time.monotonic()
         logging.getLogger("gpugov.test.last_line").warning("received SIGINT; stopping")
         print_to_stderr("gpugov: interrupted; every clock gpugov locked was reset")
-        assert time.monotonic() - started < 2 * LOG_WAIT_S + 1.0
+        assert time.monotonic() - started < JOIN_S / 2  # not held by the stuck stream
         assert not stream.text
         stream.release.set()
         deadline = time.monotonic() + JOIN_S
