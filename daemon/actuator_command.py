@@ -29,7 +29,7 @@ from gpugov.daemon.actuator_server import (
 )
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
-from gpugov.daemon.limits import MAX_GPU_INDEX
+from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 from gpugov.daemon.stop_signals import off_handler
@@ -67,7 +67,7 @@ def _gpu_list(value: str) -> list[int | str]:
     return items
 
 
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z/-]{1,120}")
+_UUID = re.compile(GPU_UUID_PATTERN)
 """A GPU or MIG UUID as NVML prints it."""
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A user name systemd accepts (a DynamicUser's included)."""
