@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -686,6 +686,15 @@ for the request (headers and answer), not per socket read, so a client that tric
 header line every few seconds cannot hold a thread either."""
 SLOT_WAIT_S = 1.0
 """How long a new connection waits for the slot of the connection it closed."""
+HEALTH_PATH = "/healthz"
+"""The liveness path: 200 while the control loop ticks, 503 once it stalled (every other
+path serves the metrics, which a stalled loop still answers from its last snapshot)."""
+STALL_AFTER_S = 30.0
+"""No tick for this long (or three periods, if longer) is a stalled loop: the units'
+``WatchdogSec=``, for a pod, which has no watchdog."""
+START_ALLOWANCE_S = 120.0
+"""How long the start (GPUs, reconcile, the controller's compile) may take before the
+first tick: the units' ``TimeoutStartSec=``."""
 
 
 @dataclass
@@ -811,10 +820,21 @@ class Exporter:
         serve: False to build the registry without an HTTP server.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9400, *, serve: bool = True) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 9400,
+        *,
+        serve: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector()
         self.registry.register(self.collector)
+        self._clock = clock
+        self._started_s = clock()
+        self._published_s: float | None = None
+        self._period_s = 1.0
         self._server: _BoundedServer | None = None
         self._thread: threading.Thread | None = None
         self.host, self.port = host, port
@@ -822,7 +842,18 @@ class Exporter:
             self._start(host, port)
 
     def _start(self, host: str, port: int) -> None:
-        app = make_wsgi_app(self.registry)
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != HEALTH_PATH:
+                served: Iterable[bytes] = metrics(environ, start_response)
+                return served
+            healthy, text = self.health()
+            body = (text + "\n").encode()
+            status = "200 OK" if healthy else "503 Service Unavailable"
+            headers = [("Content-Type", "text/plain; charset=utf-8")]
+            start_response(status, [*headers, ("Content-Length", str(len(body)))])
+            return [body]
 
         class Server(_BoundedServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -844,8 +875,25 @@ class Exporter:
         return f"http://{host}:{self.port}/metrics"
 
     def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
-        """Make these snapshots what the next scrape sees."""
+        """Make these snapshots what the next scrape sees (and the tick the liveness
+        path counts from)."""
         self.collector.publish(domains, loop)
+        self._published_s, self._period_s = self._clock(), loop.period_s
+
+    def health(self) -> tuple[bool, str]:
+        """``(alive, line)`` for :data:`HEALTH_PATH`: False once no tick was published for
+        :data:`STALL_AFTER_S` (or three periods), or none within :data:`START_ALLOWANCE_S`
+        of the start, so a pod's liveness probe restarts a stalled loop as the watchdog does."""
+        now = self._clock()
+        if self._published_s is None:
+            waited = now - self._started_s
+            if waited <= START_ALLOWANCE_S:
+                return True, f"starting: no control tick yet ({waited:.0f} s)"
+            return False, f"stalled: no control tick in the {waited:.0f} s since the start"
+        age, limit = now - self._published_s, max(STALL_AFTER_S, 3 * self._period_s)
+        if age > limit:
+            return False, f"stalled: no control tick for {age:.0f} s (limit {limit:g} s)"
+        return True, f"ok: last control tick {age:.1f} s ago"
 
     def close(self) -> None:
         """Stop the HTTP server (idempotent)."""

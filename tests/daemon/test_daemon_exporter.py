@@ -245,3 +245,23 @@ def test_empty_before_first_tick() -> None:
     exporter = Exporter(serve=False)
     families = {m.name for m in exporter.registry.collect()}
     assert "gpugov_build" in families
+
+
+def test_health_allows_three_periods_of_a_slow_loop_and_the_start() -> None:
+    """A 60 s period is not a stall until three periods pass; before the first tick the
+    start may take START_ALLOWANCE_S; /metrics is never affected."""
+    from gpugov.daemon.exporter import START_ALLOWANCE_S
+
+    now = [0.0]
+    exporter = Exporter(serve=False, clock=lambda: now[0])
+    now[0] = START_ALLOWANCE_S
+    assert exporter.health()[0]
+    now[0] += 1.0
+    alive, line = exporter.health()
+    assert not alive and "since the start" in line
+    exporter.publish([], LoopSnapshot(ticks_total=1, period_s=60.0))
+    now[0] += 170.0
+    assert exporter.health()[0]
+    now[0] += 20.0
+    alive, line = exporter.health()
+    assert not alive and line.startswith("stalled: no control tick for 190 s"), line

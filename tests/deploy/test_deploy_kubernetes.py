@@ -136,8 +136,9 @@ def test_daemonset_privileges_network_and_probes() -> None:
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
     assert "nvidia.com/gpu" not in json.dumps(container().get("resources", {}))
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert container()[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert container()["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
 
 
 def test_daemonset_args_parse_with_the_real_cli() -> None:
@@ -522,3 +523,44 @@ def test_the_grace_period_holds_the_prestop_reset_and_the_daemons_exit(
             f"{grace} < {hook_s + exit_s:g} s (its preStop reset, then its exit's restores "
             "and last writes)"
         )
+
+
+@pytest.mark.parametrize(("source", "daemonset"), daemonsets(), ids=DAEMONSET_IDS)
+def test_the_governors_liveness_probe_fails_when_its_control_loop_stalls(
+    source: str, daemonset: dict[str, Any]
+) -> None:
+    """A pod has no systemd watchdog: the governor's liveness probe is what restarts a
+    loop that stopped ticking. Its path, asked of a real exporter, answers 200 while the
+    loop ticks (and while it starts) and an error once no tick came for minutes; /metrics
+    answered 200 from the last snapshot however long the loop had stalled."""
+    from urllib.error import HTTPError
+    from urllib.request import urlopen
+
+    from gpugov.daemon.exporter import Exporter, LoopSnapshot
+
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = [
+        c for c in pod["containers"] if build_parser().parse_args(c["args"]).command == "run"
+    ]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["port"] == "metrics"
+    now = [1000.0]
+    exporter = Exporter("127.0.0.1", 0, clock=lambda: now[0])
+
+    def status() -> int:
+        try:
+            with urlopen(f"http://127.0.0.1:{exporter.port}{probe['path']}", timeout=10) as r:
+                return int(r.status)
+        except HTTPError as error:
+            return int(error.code)
+
+    try:
+        now[0] += 60.0  # starting: NVML, the controller's compile
+        assert status() == 200, f"{source}: the probe fails a governor that is starting"
+        exporter.publish([], LoopSnapshot(ticks_total=1, period_s=0.25))
+        now[0] += 0.25
+        assert status() == 200, f"{source}: the probe fails a governor that ticks"
+        now[0] += 300.0
+        assert status() >= 500, f"{source}: {probe['path']} answers 200 with the loop stalled"
+    finally:
+        exporter.close()
