@@ -59,6 +59,7 @@ from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.runners import (
+    CellProgress,
     RunnerSpec,
     check_runner,
     map_cells,
@@ -419,6 +420,7 @@ def disaggregated_scenario_outcome(
     *,
     best_fixed: bool = True,
     window_oracle: bool = True,
+    on_row: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """One row per controller on ``scenario`` (the maximum clock first, the reference);
     with ``best_fixed``, the hindsight rows after it: the best fixed clock pair
@@ -426,7 +428,8 @@ def disaggregated_scenario_outcome(
     continuing at that pair; then the oracle choice, the captures and the LP bound's
     ratios. Returns ``{"scenario": ..., "key": ..., "rows": [...]}``; the scenario's
     description records the oracle row, its energy, the LP bounds and the window
-    oracle's summary."""
+    oracle's summary. ``on_row``, when given, is told the rows done so far as each is
+    (a progress count; the hindsight rows together, after their search)."""
     if not controllers or controllers[0] != "max":
         raise ValueError("the disaggregated rows must start with 'max' (the reference)")
     layout = layout_plant(scenario, plant)
@@ -460,11 +463,15 @@ def disaggregated_scenario_outcome(
             (e_colocated - result.metrics.energy_j) / e_colocated if e_colocated > 0 else None
         )
         rows.append(row)
+        if on_row is not None:
+            on_row(len(rows))
     assert reference is not None
     info: dict[str, Any] = scenario.describe()
     if best_fixed:
         hindsight = _hindsight_rows(scenario, layout, reference, config, window_oracle)
         rows[1:1] = hindsight["rows"]
+        if on_row is not None:
+            on_row(len(rows))
         info["window_oracle"] = hindsight["window_oracle"]
         oracle = choose_oracle(rows)
         add_captures(rows, oracle)
@@ -566,13 +573,27 @@ def disaggregated_cell(
     capacity search, a trace not present)."""
     trace, profile_name, load, layout = cell
     config: BenchConfig = shared["config"]
+    counter: CellProgress | None = shared.get("progress")
+    on_row: Callable[[int], None] | None = None
+    if counter is not None:
+
+        def on_row(rows: int) -> None:
+            counter.report("|".join(cell), float(rows))
+
     # A generated profile (synthetic:SHAPE) as the colocated board takes it.
     plant = ServingPlant.from_profile(resolve_profile(profile_name))
     try:
         scenario = build_disaggregated_scenario(trace, plant, layout, load, config.duration_s)
     except (ScenarioSkip, TraceError) as error:
         return {"skipped": {"scenario": "|".join(cell), "reason": str(error)}}
-    return disaggregated_scenario_outcome(scenario, plant, config, shared["controllers"])
+    return disaggregated_scenario_outcome(
+        scenario, plant, config, shared["controllers"], on_row=on_row
+    )
+
+
+def rows_per_scenario(controllers: Sequence[str]) -> int:
+    """A disaggregated scenario's rows: one per controller and the two hindsight rows."""
+    return len(controllers) + 2
 
 
 def run_disaggregated(
@@ -584,12 +605,15 @@ def run_disaggregated(
     controllers: Sequence[str] = DISAGGREGATED_CONTROLLERS,
     progress: Callable[[str], None] | None = None,
     runner: RunnerSpec | None = None,
+    on_count: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     """Every disaggregated scenario: ``traces`` x ``profiles`` x ``config.loads`` x
     ``layouts`` (defaults :data:`DISAGGREGATED_TRACES`, :data:`DISAGGREGATED_PROFILES`,
     every layout), each a task of ``runner`` (default: ``config.jobs`` local processes),
     assembled in that order whatever order they finish in. A scenario whose window holds
-    no requests is skipped with its reason."""
+    no requests is skipped with its reason. ``on_count`` receives the rows done so far over
+    every scenario while they run (:func:`rows_per_scenario` each; in this process or a
+    local pool's workers, a Ray scenario's when it ends; a skipped one counts whole)."""
     cells = [
         (trace, profile_name, load, layout)
         for trace in traces or DISAGGREGATED_TRACES
@@ -598,15 +622,23 @@ def run_disaggregated(
         for layout in layouts or tuple(DISAGGREGATED_LAYOUTS)
     ]
     outcomes: dict[int, dict[str, Any]] = {}
+
+    def count() -> None:
+        if on_count is not None:
+            on_count(counter.total())
+
+    counter = CellProgress(["|".join(cell) for cell in cells], on_report=count)
     for done in map_cells(
         disaggregated_cell,
         cells,
         spec=runner or RunnerSpec(jobs=config.jobs),
-        shared={"config": config, "controllers": tuple(controllers)},
+        shared={"config": config, "controllers": tuple(controllers), "progress": counter},
         on_event=progress,
         label=lambda cell: "|".join(cell),
+        on_wait=count,
     ):
         outcomes[done.index] = done.value
+        counter.report("|".join(cells[done.index]), float(rows_per_scenario(controllers)))
         if progress is not None:
             finished = done.value.get("key") or done.value["skipped"]["scenario"]
             progress(f"[{len(outcomes)}] {finished}")
@@ -778,14 +810,29 @@ def _run_disaggregated_held(args: Any, config: BenchConfig, runner: RunnerSpec) 
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
     profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
     total = len(traces) * len(profiles) * len(config.loads) * len(DISAGGREGATED_LAYOUTS)
-    bar = Progress(total, "bench controllers --layout disaggregated", unit="scenarios")
+    # The bar counts rows, each scenario's as they are done (a scenario runs for minutes:
+    # counted in whole scenarios, the bar said nothing and read "ETA ?" until one ended).
+    rows = rows_per_scenario(DISAGGREGATED_CONTROLLERS)
+    bar = Progress(total * rows, "bench controllers --layout disaggregated", unit="rows")
     done = 0
+    counted = 0.0
+    last = ""
+
+    def show(*, force: bool = False) -> None:
+        value = max(counted, float(done * rows))
+        bar.update(value, f"{done}/{total} scenarios, {last}" if last else "", force=force)
 
     def progress(line: str) -> None:  # a scenario done ("[N] key"), or a lost worker
-        nonlocal done
+        nonlocal done, last
         if line.startswith("["):
             done += 1
-        bar.update(done, line, force=True)
+        last = line
+        show(force=True)
+
+    def on_count(value: float) -> None:
+        nonlocal counted
+        counted = value
+        show()
 
     # A line at once: a scenario runs for minutes, and nothing was said until the first
     # ended (4 1/2 minutes on two busy cores).
@@ -800,8 +847,9 @@ def _run_disaggregated_held(args: Any, config: BenchConfig, runner: RunnerSpec) 
         profiles=profiles,
         progress=progress,
         runner=runner,
+        on_count=on_count,
     )
-    bar.close()
+    bar.close(f"{done}/{total} scenarios")
     if not payload["rows"]:
         reasons = "; ".join(sorted({s["reason"] for s in payload["skipped"]}))
         raise UsageError(f"no disaggregated scenario could run: {reasons}")

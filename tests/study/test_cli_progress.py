@@ -330,3 +330,38 @@ def test_a_sweep_counts_simulated_seconds_inside_its_cells(
     assert len(inside) >= 3, lines  # within the first cell, before it finished
     assert [done for done, _, _ in counts] == sorted(done for done, _, _ in counts)
     assert counts[-1] == (total, total, 2), lines
+
+
+DISAGGREGATED_LINE = re.compile(
+    r"^bench controllers --layout disaggregated: +\d+\.\d% \(([\d,]+)/([\d,]+) rows\), "
+    r"elapsed \S+, ETA \S+, (\d+)/(\d+) scenarios"
+)
+
+
+def test_the_disaggregated_board_counts_rows_inside_a_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--layout disaggregated`` counted whole scenarios: a board of two 10-minute
+    scenarios said nothing for 2 1/2 minutes and read "ETA ?" until the first ended. It
+    counts each scenario's rows as they are done now: here, with a line at every update,
+    counts inside the first scenario before it finishes."""
+    from gpugov.daemon import progress
+
+    class EveryUpdate(progress.Progress):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "log_interval_s": 0.0})
+
+    monkeypatch.setattr(progress, "Progress", EveryUpdate)
+    argv = ["bench", "controllers", "--layout", "disaggregated", "--duration", "3"]
+    argv += ["--traces", "azure-conv-10min", "--profiles", "h100-sxm-llama3-8b"]
+    argv += ["--loads", "recorded", "--jobs", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bench")]
+    matches = [DISAGGREGATED_LINE.match(line) for line in err]
+    assert all(matches), err
+    counts = [(int(m[1]), int(m[2]), int(m[3])) for m in matches if m]
+    assert {total for _, total, _ in counts} == {14}, err  # 2 layouts x 7 rows
+    inside = [done for done, _, scenarios in counts if scenarios == 0 and 0 < done < 7]
+    assert len(inside) >= 3, err
+    assert [done for done, _, _ in counts] == sorted(done for done, _, _ in counts)
+    assert counts[-1] == (14, 14, 2), err
