@@ -293,3 +293,32 @@ def test_alerts_wait_before_firing_and_page_only_on_what_lasts() -> None:
             )
         if rule["labels"]["severity"] == "critical":
             assert seconds(rule.get("for", "0s")) >= 120, f"{where}: pages without waiting"
+
+
+def test_a_per_node_scrape_of_loopback_is_told_to_name_the_node_in_instance() -> None:
+    """The job scrapes 127.0.0.1:9400, as a Prometheus or agent on each node does; the
+    rules join a node's series on (job, instance), so series of several nodes with the
+    one loopback `instance` join across nodes (a busy node's lock alerted as idle by an
+    idle node's queue). The job carries, commented, the relabeling that names the node;
+    uncommented, it is a relabel_configs that sets `instance`."""
+    text = (PROMETHEUS / "prometheus.yml").read_text()
+    config = yaml.safe_load(text)
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpugov"]
+    targets = [t for c in job.get("static_configs", []) for t in c["targets"]]
+    if not any(t.startswith(("127.", "localhost", "[::1]")) for t in targets):
+        return
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == "# relabel_configs:"), None)
+    assert start is not None, "the loopback job does not say to name the node in `instance`"
+    indent = lines[start].index("#")
+    block = []
+    for line in lines[start:]:
+        if not line.strip().startswith("#") or line.index("#") != indent:
+            break
+        body = line[indent + 1 :]
+        if block and not body.startswith("   "):
+            break
+        block.append(" " * indent + body[1:])
+    relabel = yaml.safe_load("\n".join(block))["relabel_configs"]
+    assert {"target_label": "instance"}.items() <= relabel[0].items(), relabel
+    assert relabel[0].get("replacement"), relabel
