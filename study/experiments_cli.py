@@ -601,14 +601,23 @@ def build_sharded_results(
     inputs: SuiteInputs,
     spec: RunnerSpec,
     progress: Callable[[str], None],
+    *,
+    on_wait: Callable[[], None] | None = None,
     **assembly: Any,
 ) -> dict[str, Any]:
     """:func:`build_textbook_results` with the first-stage parts as parallel tasks (local
-    pool or Ray), then the on-plant stage and the assembly here: the same result."""
+    pool or Ray), then the on-plant stage and the assembly here: the same result.
+    ``on_wait`` is called every second or so while the parts run (a progress line's
+    redraw: a part runs for a minute)."""
     parts: dict[str, dict[str, Any]] = {}
     progress(f"running {len(FIRST_STAGE)} independent parts as tasks: {', '.join(FIRST_STAGE)}")
     for done in map_cells(
-        run_part_task, list(FIRST_STAGE), spec=spec, shared={"inputs": inputs}, on_event=progress
+        run_part_task,
+        list(FIRST_STAGE),
+        spec=spec,
+        shared={"inputs": inputs},
+        on_event=progress,
+        on_wait=on_wait,
     ):
         name = FIRST_STAGE[done.index]
         parts[name] = done.value
@@ -643,11 +652,16 @@ def run_experiments(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     bar = Progress(EXPERIMENT_STEPS, "experiments", unit="steps", stream=sys.stderr)
     steps = 0
+    last = ""
 
     def progress(message: str) -> None:
-        nonlocal steps
+        nonlocal steps, last
         bar.update(steps, message, force=True)
         steps += 1
+        last = message
+
+    def redraw() -> None:  # while parts run: a line every 10 s, the ETA counting down
+        bar.update(max(steps - 1, 0), last)
 
     require_extras("gpugov experiments (fitted Q iteration, figures)", "sklearn", "matplotlib")
     require_positive("--duration", args.duration)
@@ -724,6 +738,7 @@ def run_experiments(args: argparse.Namespace) -> int:
                     inputs,
                     spec,
                     progress,
+                    on_wait=redraw,
                     load_dilation=1.0,
                     scheduling_trace_source_window_s=args.duration,
                     extra_metadata={**extra, "runner": spec.describe()},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +368,32 @@ def test_a_trace_with_no_burst_to_move_is_told_what_the_experiment_needs(
     assert "it needs a 60 s window with requests 20 s or more into it" in error[0]
     assert "the 1 request(s) arrive from 0.00 s to 0.00 s" in error[0]
     assert not (tmp_path / "o").exists()
+
+
+def _slow_part(name: str, shared: object) -> dict[str, object]:
+    """A stand-in first-stage part that takes a while (module level: picklable)."""
+    time.sleep(0.5)
+    return {"part": name}
+
+
+def test_a_sharded_run_redraws_its_line_while_its_parts_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``--jobs`` or ``--ray`` the bar was updated only as a part ended: a minute
+    with no line on two cores (FQI), where a line every 10 s is promised. The driver's
+    wait calls back now (``on_wait``), and the command redraws the line from it."""
+    from gpugov.study import runners
+
+    monkeypatch.setattr(experiments_cli, "run_part_task", _slow_part)
+    monkeypatch.setattr(experiments_cli, "run_scheduling_on_plant", lambda *a, **k: {})
+    monkeypatch.setattr(experiments_cli, "assemble_textbook_results", lambda *a, **k: {})
+    monkeypatch.setattr(runners, "WAIT_S", 0.05)
+    events: list[str] = []
+    experiments_cli.build_sharded_results(
+        None,  # type: ignore[arg-type]  # the stand-in parts read no inputs
+        runners.RunnerSpec(jobs=2),
+        events.append,
+        on_wait=lambda: events.append("wait"),
+    )
+    first_done = next(i for i, event in enumerate(events) if event.startswith("part "))
+    assert "wait" in events[:first_done], events
