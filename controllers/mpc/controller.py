@@ -182,6 +182,12 @@ class MPCController:
             TTFT term, and the plan went by power alone, to a lower clock that misses more
             (an overload, or a TTFT SLO no clock meets). Needs a ``ttft_excess_cap``;
             False (the seed's): off.
+        kv_batch_bound: the batch places a new request waits for are bounded by the
+            plant's KV cache too (:attr:`MPCProblem.batch_places`: the requests of the
+            mean prompt and reply it holds), not by its batch size alone: on an engine
+            whose cache holds a tenth of its batch, the wait for a place was priced at
+            none and the plan lowered the clock while requests queued for the cache
+            (``mpc``, whose plant is its profile's). False (the seed's): off.
 
     With the ``iteration`` latency model, where an observation carries a per-prompt TTFT
     allowance (``ttft_slo_per_prompt_token_s``), the TTFT proxy is judged per prompt
@@ -221,6 +227,7 @@ class MPCController:
         terminal_queued_replies: bool = False,
         efficiency_floor: bool = False,
         hold_top_when_ttft_lost: bool = False,
+        kv_batch_bound: bool = False,
     ) -> None:
         for name, value in (
             ("mean_prompt_tokens", mean_prompt_tokens),
@@ -290,6 +297,7 @@ class MPCController:
         self.terminal_queued_replies = bool(terminal_queued_replies)
         self.efficiency_floor = bool(efficiency_floor)
         self.hold_top_when_ttft_lost = bool(hold_top_when_ttft_lost)
+        self.kv_batch_bound = bool(kv_batch_bound)
         self.ttft_lost_holds = 0
         """Decisions that held the top clock, the TTFT lost there
         (``hold_top_when_ttft_lost``)."""
@@ -405,6 +413,9 @@ class MPCController:
                 DEFAULT_WAIT_QUANTILE
                 if self.slo_budget is None
                 else self.slo_budget.target.attainment
+            ),
+            kv_capacity_tokens=(
+                float(self.plant.kv_capacity_tokens) if self.kv_batch_bound else math.inf
             ),
         )
 

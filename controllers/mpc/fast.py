@@ -52,6 +52,9 @@ FAST_MPC_PRESET: dict[str, float] = {
     # Hold the top clock where it too leaves the next request past the cap: the capped
     # cost then sees every clock alike and chose by power (see MPCController).
     "hold_top_when_ttft_lost": True,
+    # Wait for a batch place the KV cache holds, not only the batch size: a small cache
+    # otherwise left the queue for it unpriced (see MPCController).
+    "kv_batch_bound": True,
 }
 """The ``mpc`` kind's MPCController options beyond the seed's (``mpc-slsqp``) defaults."""
 

@@ -253,6 +253,20 @@ class MPCProblem:
     wait_quantile: float = DEFAULT_WAIT_QUANTILE
     """The share of random arrivals whose wait for a batch place the TTFT proxy covers
     (:meth:`place_wait_s`; the controller's SLO target where it has one)."""
+    kv_capacity_tokens: float = math.inf
+    """The engine's KV cache in tokens, which bounds the requests it holds at once
+    (:attr:`batch_places`); inf (unknown, the seed's): its batch size alone bounds them."""
+
+    @property
+    def batch_places(self) -> float:
+        """The requests the engine holds at once: its batch size
+        (:attr:`ServingPlant.max_batch_size`), or fewer where its KV cache holds fewer
+        requests of the mean prompt and reply (a request keeps both to its end; the
+        engine preempts or admits none past it); at least one."""
+        per_request = max(self.mean_prompt_tokens + self.mean_output_tokens, 1.0)
+        return max(
+            1.0, min(float(self.plant.max_batch_size), self.kv_capacity_tokens / per_request)
+        )
 
     @property
     def ttft_own_prompt(self) -> float:
@@ -313,6 +327,10 @@ class MPCProblem:
             raise ValueError(f"wait_quantile must lie in (0, 1), got {self.wait_quantile!r}")
         if not (math.isfinite(self.dwell_periods) and self.dwell_periods >= 0.0):
             raise ValueError(f"dwell_periods must be finite and >= 0, got {self.dwell_periods!r}")
+        if not self.kv_capacity_tokens > 0.0:
+            raise ValueError(
+                f"kv_capacity_tokens must be positive, got {self.kv_capacity_tokens!r}"
+            )
 
     def applied(self, clock_mhz: FloatArray) -> FloatArray:
         """The clocks the safety chain applies for each row of ``(M, horizon_steps)``
@@ -417,8 +435,9 @@ class MPCProblem:
         arrivals: float,
     ) -> FloatArray:
         """A new request's wait for a place in the engine's batch of ``B`` places
-        (:attr:`ServingPlant.max_batch_size`), which the fluid model's prefill queue, served
-        beside the decode batch, leaves out: the larger of
+        (:attr:`batch_places`: the batch size, or what the KV cache holds), which the
+        fluid model's prefill queue, served beside the decode batch, leaves out: the
+        larger of
 
         * the queue in sight: the requests ahead (the active decodes, the queued prompts
           and a burst charged ahead, in mean prompts) beyond ``B - 1`` each finish
@@ -434,7 +453,7 @@ class MPCProblem:
         Both are zero while the batch's places are plenty (with 256, until about 207
         requests are in flight); one place makes the engine a single queue whose waits
         grow as ``1 / (1 - rho)``, where the fluid queue waits only behind its own mean."""
-        places = float(self.plant.max_batch_size)
+        places = self.batch_places
         prompt = max(self.mean_prompt_tokens, 1.0)
         burst = self.ttft_prompt - self.ttft_own_prompt
         releases = np.maximum(active + (prefill + burst) / prompt + 1.0 - places, 0.0)
