@@ -300,8 +300,12 @@ def fleet_utilization(
 ) -> float:
     """The load ``requests`` put on the fleet over ``--duration``, as ``--utilization``
     counts it: one over the sum over nodes of the duration over the requests' work at the
-    node's top clock (0 for no requests)."""
-    works = [work_seconds_at_maximum(requests, plants[n].profile) for n in config.node_profiles()]
+    node's top clock (0 for no requests). Each listed profile's work is priced once: node by
+    node, the pricing was quadratic in ``--nodes``, the workload growing with the fleet."""
+    priced = {
+        name: work_seconds_at_maximum(requests, plants[name].profile) for name in config.profiles
+    }
+    works = [priced[name] for name in config.node_profiles()]
     if not requests or min(works) <= 0.0:
         return 0.0
     return 1.0 / sum(config.duration_s / work for work in works)

@@ -945,3 +945,31 @@ def test_a_utilization_that_underflows_the_scale_is_one_line(
     line = _one_error_line(capsys)
     assert "the fleet's 30 s window holds no request at that load" in line
     assert not out.exists()
+
+
+def test_the_fleets_load_is_priced_once_per_profile_not_once_per_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``fleet_utilization`` priced the whole workload at every node's top clock, node by
+    node: quadratic in ``--nodes`` (the workload grows with the fleet), so ``--nodes 200``
+    sat 80 s and ``--nodes 2000`` many minutes before its first progress line. Each of
+    the listed profiles is priced once now, and the load is the same number."""
+    from gpugov.study.fleet import run as fleet_run
+
+    config = replace(FleetConfig(), nodes=12, profiles=("h100-sxm-llama3-8b", "h200-sxm-llama3-8b"))
+    plants = fleet_run._plants(config.profiles)
+    requests = [Request(i, 0.5 * i, 300 + 11 * i, 40 + i % 7) for i in range(200)]
+    expected = 1.0 / sum(
+        config.duration_s / work_seconds_at_maximum(requests, plants[name].profile)
+        for name in config.node_profiles()
+    )
+    priced: list[str] = []
+    real = fleet_run.work_seconds_at_maximum
+
+    def counting(work: object, profile: object) -> float:
+        priced.append(profile.name)  # type: ignore[attr-defined]
+        return real(work, profile)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet_run, "work_seconds_at_maximum", counting)
+    assert fleet_run.fleet_utilization(requests, config, plants) == expected
+    assert sorted(priced) == sorted(config.profiles)
