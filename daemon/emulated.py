@@ -183,6 +183,14 @@ class EmulatorNvmlError(Exception):
         self.value = value
 
 
+NVML_LIB_RM_VERSION_MISMATCH = 18
+"""NVML's code for handles of a driver that was replaced: one of the driver-gone codes."""
+
+
+class EmulatorReplaced(Exception):
+    """The emulator behind a new connection serves another GPU at the index opened."""
+
+
 class EmulatedBackend:
     """One emulated GPU at ``emulator`` (``http://127.0.0.1:8000``), index ``gpu``.
 
@@ -213,6 +221,8 @@ class EmulatedBackend:
         self._label = str(gpu)
         self.emulator = emulator
         self._dropped: set[str] = set()
+        self._identity: str | None = None  # the UUID opened: checked on each new connection
+        self._replaced: str | None = None  # why the GPU is another now, once it is
         try:
             info = self._call(
                 "open GPU", "GET", f"/gpu/{self._index}", timeout_s=max(timeout_s, OPEN_TIMEOUT_S)
@@ -249,6 +259,7 @@ class EmulatedBackend:
                 gpu=self._label,
             )
         self._supported = tuple(sorted(clocks))
+        self._identity = self.uuid or None
 
     @property
     def label(self) -> str:
@@ -262,13 +273,25 @@ class EmulatedBackend:
 
     # ------------------------------------------------------------------ transport
     def _request(
-        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout_s: float,
+        *,
+        verify: bool = True,
     ) -> tuple[int, Any]:
         with self._lock:
-            return self._request_locked(method, path, body, timeout_s)
+            return self._request_locked(method, path, body, timeout_s, verify=verify)
 
     def _request_locked(
-        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout_s: float,
+        *,
+        verify: bool = True,
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -277,6 +300,7 @@ class EmulatedBackend:
             remaining = end - time.monotonic()
             if remaining <= 0:
                 break
+            fresh = self._connection is None or self._connection.sock is None  # a new socket
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(
                     self._host, self._port, timeout=remaining
@@ -287,6 +311,8 @@ class EmulatedBackend:
                 self._connection.timeout = remaining
             deadline = ExchangeDeadline(self._connection, remaining)
             try:
+                if fresh and verify and self._identity is not None:
+                    self._check_identity(self._connection, deadline)
                 self._connection.request(method, path, body=data, headers=headers)
                 deadline.track()
                 response = self._connection.getresponse()
@@ -309,6 +335,10 @@ class EmulatedBackend:
                 if deadline.expired or isinstance(error, TimeoutError):
                     raise self._late(timeout_s) from error
                 raise
+            except EmulatorReplaced:
+                self._connection.close()
+                self._connection = None
+                raise
             finally:
                 deadline.cancel()
             if deadline.expired:
@@ -320,6 +350,29 @@ class EmulatedBackend:
                 self._connection = None
             return response.status, json.loads(payload or b"{}")
         raise self._late(timeout_s)
+
+    def _check_identity(
+        self, connection: http.client.HTTPConnection, deadline: ExchangeDeadline
+    ) -> None:
+        """On a new connection, ask ``GET /gpu/<i>`` first: an emulator restarted with
+        another profile serves another GPU at this index, which must not be read or locked
+        as the one opened (NVML's handles go stale the same way when the driver is replaced).
+
+        Raises:
+            EmulatorReplaced: the GPU at this index has another UUID now.
+        """
+        connection.request("GET", f"/gpu/{self._index}")
+        deadline.track()
+        response = connection.getresponse()
+        payload = json.loads(response.read() or b"{}")
+        if response.will_close:
+            connection.close()  # reopened by the request that follows
+        uuid = payload.get("uuid") if isinstance(payload, dict) else None
+        if response.status == 200 and isinstance(uuid, str) and uuid != self._identity:
+            raise EmulatorReplaced(
+                f"the emulator at {self.emulator} serves another GPU at index {self._index} "
+                f"now ({uuid[:120]}, was {self._identity}: restarted with another profile)"
+            )
 
     @staticmethod
     def _late(timeout_s: float) -> TimeoutError:
@@ -333,13 +386,24 @@ class EmulatedBackend:
         body: dict[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
+        verify: bool = True,
     ) -> Any:
-        """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``."""
+        """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``.
+        ``verify``: refuse the call where the emulator now serves another GPU here."""
         self._check_open()
+        if verify and self._replaced is not None:
+            raise self._gone(action, self._replaced)
         try:
             status, payload = self._request(
-                method, path, body, self._timeout_s if timeout_s is None else timeout_s
+                method,
+                path,
+                body,
+                self._timeout_s if timeout_s is None else timeout_s,
+                verify=verify,
             )
+        except EmulatorReplaced as replaced:
+            self._replaced = str(replaced)
+            raise self._gone(action, self._replaced) from replaced
         except (http.client.HTTPException, OSError, ValueError) as error:
             raise TransientGpuError(
                 f"GPU {self._label}: {action}: emulator {self.emulator} did not answer: {error}",
@@ -350,6 +414,15 @@ class EmulatedBackend:
             nvml_error = EmulatorNvmlError(_nvml_code(code))
             raise from_nvml(nvml_error, action, gpu=self._label) from nvml_error
         return payload
+
+    def _gone(self, action: str, why: str) -> GpuUnavailable:
+        """The opened GPU is no longer the emulator's: a driver-gone code (LIB_RM_VERSION_
+        MISMATCH), which a running loop exits on (4) and a start reopens."""
+        return GpuUnavailable(
+            f"GPU {self._label}: {action} failed: {why} (NVML code {NVML_LIB_RM_VERSION_MISMATCH})",
+            gpu=self._label,
+            code=NVML_LIB_RM_VERSION_MISMATCH,
+        )
 
     def _check_open(self) -> None:
         """Refuse any call on a closed backend."""
@@ -459,7 +532,9 @@ class EmulatedBackend:
         Raises:
             PermissionDenied, NotSupported, GpuLost, TransientGpuError: as the GPU answers.
         """
-        self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {})
+        # Not refused on an emulator restarted with other GPUs: the lock went with the old
+        # one, and the new GPU's reset is harmless (as a driver reload clears the locks).
+        self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {}, verify=False)
 
     def close(self) -> None:
         """Close the kept connection (idempotent); later calls raise

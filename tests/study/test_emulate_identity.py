@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from synthetic import make_plant, make_profile
@@ -18,6 +19,7 @@ from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.prior import gpu_family
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.errors import DRIVER_GONE_CODES, GpuUnavailable
 from gpugov.daemon.service import domains_from_config, gpu_uuid
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate.node import (
@@ -153,4 +155,43 @@ def test_the_backend_reads_the_identity_the_node_serves() -> None:
         assert backend.uuid == emulated_gpu_uuid(make_profile(), 1)
         backend.close()
     finally:
+        server.close()
+
+
+def _restart(server: EmulatorServer, backend: EmulatedBackend, profile: Any) -> EmulatorServer:
+    """``server`` stopped and another emulator started on its port (``gpugov emulate``
+    restarted under a running daemon), serving a node of ``profile``."""
+    port = int(server.url.rsplit(":", 1)[1])
+    server.close()
+    # A process's exit closes its connections; an in-process server's close leaves its
+    # handler threads' keep-alive sockets open, so close the backend's as the exit would.
+    if backend._connection is not None:
+        backend._connection.close()
+    again = EmulatorServer(EmulatedNode(make_plant(profile), gpus=1), "127.0.0.1", port)
+    again.start()
+    return again
+
+
+def test_an_emulator_restarted_with_other_gpus_is_a_replaced_driver_not_the_same_gpu() -> None:
+    """An emulator restarted on the same port with another profile serves other GPUs (other
+    UUIDs, clocks): the open backend refuses them as NVML's stale handles after a driver
+    reload (a driver-gone code, the daemon's exit 4), never reading or locking the new
+    GPU as the old one; its reset still answers. One restarted with the same GPUs goes on."""
+    server = EmulatorServer(EmulatedNode(make_plant(), gpus=1), "127.0.0.1", 0)
+    server.start()
+    backend = EmulatedBackend(0, emulator=server.url)
+    try:
+        backend.sample()
+        server = _restart(server, backend, make_profile())
+        assert backend.sample().sm_clock_mhz is not None  # the same GPU: goes on
+        server = _restart(server, backend, make_profile(gpu="test GPU, other fit"))
+        for call in (backend.sample, lambda: backend.lock_clocks(900, 900)):
+            with pytest.raises(GpuUnavailable) as raised:
+                call()
+            assert raised.value.code in DRIVER_GONE_CODES
+            assert "another GPU" in str(raised.value), str(raised.value)
+        assert server.node.gpu_state[0].locked is None  # the new GPU was not locked
+        backend.reset_clocks()
+    finally:
+        backend.close()
         server.close()
