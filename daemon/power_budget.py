@@ -332,6 +332,7 @@ class PowerBudget:
         self._last_decision_s: float | None = None
         self._over_since_s: float | None = None
         self._event_logged_s = -math.inf
+        self._over_logged = False  # whether this over-budget episode's line was logged
 
     def resolve(self, nvml_w: float | None) -> float | None:
         """Read the sources and set the budget in force (the lowest); log a change."""
@@ -422,12 +423,16 @@ class PowerBudget:
         if over and not self.over_budget:
             self.over_budget_events += 1
             self._over_since_s = now_s
+            self._over_logged = False
+        if over and not self._over_logged:
+            # An episode the rate limit kept quiet is logged once the minute has passed.
             if (
                 need is not None
                 and budget is not None
                 and (now_s - self._event_logged_s >= EVENT_LOG_EVERY_S)
             ):
                 self._event_logged_s = now_s
+                self._over_logged = True
                 shown_budget, shown_need = distinct_watts(budget, need.watts)
                 log.warning(
                     "domain %s: over budget: the power budget %s W (from %s) is below the "
@@ -442,7 +447,9 @@ class PowerBudget:
                     if self.slipping == "ttft"
                     else "TTFT and TPOT slip (the budget is below what decoding needs)",
                 )
-        elif not over and self.over_budget and self._over_since_s is not None:
+        elif not over and self.over_budget and self._over_since_s is not None and self._over_logged:
+            # Only the end of an episode whose over-budget line was logged: a flap the
+            # rate limit kept quiet said "within ... again after 0 s" with no line before.
             log.info(
                 "domain %s: within the power budget again after %.0f s over it",
                 self.domain,

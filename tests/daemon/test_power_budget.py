@@ -380,3 +380,50 @@ def test_a_config_budget_below_the_gpus_lowest_limit_is_refused_before_any_work(
     with pytest.raises(ConfigError, match=r"power_budget_w \(300 W\) is below the lowest"):
         domains_from_config(_config(vllm_server.url, power_budget_w=300.0), nvml=fake)
     assert fake.writes == [] and fake.initialized == 0
+
+
+class _Needs:
+    """A controller whose power need is set by the test (``watts``)."""
+
+    def __init__(self) -> None:
+        self.watts = 100.0
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return 1980.0
+
+    def power_needed(self) -> PowerNeed:
+        return PowerNeed(
+            watts=self.watts,
+            uncertainty_w=2.0,
+            clock_mhz=1980.0,
+            holds=False,
+            tpot_clock_mhz=1980.0,
+            clocks_mhz=(1500.0, 1980.0),
+            curve_w=(90.0, self.watts),
+        )
+
+
+def test_the_within_budget_line_follows_only_an_over_budget_line_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A budget that flaps within a minute logged one over-budget line (the rest are rate
+    limited) and then a "within the power budget again after 0 s" line for each unlogged
+    episode; an unlogged episode that lasts is logged once the minute has passed."""
+    needs = _Needs()
+    budget = PowerBudget("emu")
+    budget.resolve(150.0)
+    caplog.set_level(logging.INFO, logger="gpugov.daemon.power_budget")
+    for now_s, watts in [(0.0, 200.0), (3.0, 100.0), (4.0, 200.0), (4.2, 100.0)]:
+        needs.watts = watts
+        budget.after_decision(needs, now_s)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "over budget" in lines[0] and "again after 3 s" in lines[1]
+    assert budget.over_budget_events == 2
+    caplog.clear()
+    for now_s, watts in [(10.0, 200.0), (30.0, 200.0), (61.0, 200.0), (70.0, 100.0)]:
+        needs.watts = watts
+        budget.after_decision(needs, now_s)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "over budget" in lines[0] and "again after 60 s" in lines[1]
