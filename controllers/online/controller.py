@@ -97,6 +97,15 @@ UNCAPPED_FACTOR = 10.0
 the cap never binds (``ServingPlant`` needs a finite one)."""
 
 
+def published_kv_capacity(observation: ServingObservation) -> int | None:
+    """One engine's KV cache in tokens as its engine publishes it (vLLM's cache config),
+    or None where it publishes none or an impossible one."""
+    capacity = observation.kv_capacity_tokens
+    if capacity is None or not math.isfinite(capacity) or capacity < 1.0:
+        return None
+    return int(capacity)
+
+
 class SettingsRefuseModel(ValueError):
     """A stored model that passes its own checks but gives no usable profile with the
     controller's settings: the settings' fault, so the stored file is not to blame."""
@@ -459,7 +468,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         self, observation: ServingObservation, slos: tuple[float, float]
     ) -> ServingPlant:
         """The plant the MPC plans on: the learned profile, NVML's power limit, the
-        thermal limit and the learned thermal RC (a neutral one until it is learned)."""
+        thermal limit, the learned thermal RC (a neutral one until it is learned) and the
+        engine's KV cache where it publishes one (:func:`published_kv_capacity`)."""
         model = self.model
         assert model is not None
         profile = self.learned_profile(slos)
@@ -477,6 +487,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             ambient = min(30.0, limit - 10.0)
             resistance = (limit - ambient) / (1.1 * (power_limit if cap else top_power))
             tau = 30.0
+        capacity = published_kv_capacity(observation)
         return ServingPlant(
             profile=profile,
             power_limit_w=power_limit,
@@ -484,9 +495,10 @@ class OnlineMPCController(MeasuredLatencyRules):
             ambient_temperature_c=ambient,
             thermal_resistance_c_per_w=resistance,
             thermal_time_constant_s=tau,
+            **({} if capacity is None else {"kv_capacity_tokens": capacity}),
         )
 
-    def _mpc(self, plant: ServingPlant) -> MPCController:
+    def _mpc(self, plant: ServingPlant, *, kv_known: bool = False) -> MPCController:
         if self.mpc is None:
             options: dict[str, Any] = {
                 "solver": DiscreteSearchSolver(**ONLINE_SEARCH),
@@ -518,6 +530,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         else:
             self.mpc.plant = plant
         self.mpc.history_limit = self.history_limit
+        # The wait for a batch place counts what the KV cache holds only where the engine
+        # published its cache: the plant's default is no node's (MPCController).
+        self.mpc.kv_batch_bound = kv_known
         return self.mpc
 
     # ---------------------------------------------------------------- control
@@ -633,7 +648,8 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.last_reason = "no SLO known"
         else:
             plant = self.learned_plant(observation, slos)
-            decision = float(self._mpc(plant)(self._with_finite_temperature(observation, plant)))
+            mpc = self._mpc(plant, kv_known=published_kv_capacity(observation) is not None)
+            decision = float(mpc(self._with_finite_temperature(observation, plant)))
             self._mpc_decided = True
             floor = self.exploration.floor(model, observation, self.effective_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
@@ -755,7 +771,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         realized = model.clocks_mhz * model.realized_ratio
         model.table(realized, 1.0, self.context_tokens)
         plant = self.learned_plant(observation, slos)
-        self._mpc(plant)(self._with_finite_temperature(observation, plant))
+        mpc = self._mpc(plant, kv_known=published_kv_capacity(observation) is not None)
+        mpc(self._with_finite_temperature(observation, plant))
 
     def _with_finite_temperature(
         self, observation: ServingObservation, plant: ServingPlant
