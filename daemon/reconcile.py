@@ -11,6 +11,7 @@ from typing import Any
 from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.config import GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
+from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
@@ -91,6 +92,17 @@ def reset_left_locks(
                         f"{found}; not reset: this backend gives no UUID to tell whether GPU "
                         f"{named} is the recorded one; run `gpugov reset-clocks --backend nvml "
                         f"--gpus {named}` as root (it clears the entry too)"
+                    )
+                elif gpu_key(backend) != key and isinstance(backend, EmulatedBackend):
+                    # An emulated GPU's UUID follows its profile and index, and its lock
+                    # lives in the emulator: one restarted with another profile has no
+                    # recorded GPU and no lock on it. The record was kept for good, its
+                    # line naming a reset no command can do.
+                    state.clear(key)
+                    line = (
+                        f"{found}; GPU {named} is now {gpu_key(backend)}: the emulator was "
+                        "restarted with other GPUs, and the recorded GPU's lock went with "
+                        "it; record dropped"
                     )
                 elif gpu_key(backend) != key:
                     line = (

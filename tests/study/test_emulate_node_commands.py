@@ -244,3 +244,31 @@ def test_a_left_lock_on_a_gpu_the_node_lacks_names_the_configs_reset_command(
     assert line.endswith(
         f"run `gpugov reset-clocks --config {config} --gpus 7` (emulated backend)"
     ), line
+
+
+def test_a_left_lock_on_a_gpu_an_emulator_restart_replaced_is_dropped_not_left_forever(
+    tmp_path: Path, emulator: EmulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A killed run's lock record names GPU 0 by a UUID the emulator no longer serves there
+    (restarted with another profile): that GPU's lock went with the old emulator. Each
+    start said `not reset: GPU 0 is now GPU-...; run gpugov reset-clocks on the recorded
+    GPU`, which no command can do, and status showed the record for good; it is dropped."""
+    from gpugov.daemon.lockstate import LockState
+
+    state_dir = tmp_path / "state"
+    old = "GPU-5668c455-dc5a-5422-96ff-2b1ffd7984b2"  # another profile's GPU 0
+    LockState(state_dir, pid=1).record(old, "0", 900, 900)  # ... and SIGKILLed
+    node = emulator.node
+    config = _config(tmp_path, emulator.url, gpus="[1]")
+    config.write_text(
+        config.read_text().replace(
+            "[daemon]\n", f'[daemon]\nperiod_s = 0.2\nstate_dir = "{state_dir}"\n'
+        )
+    )
+    node.gpu_state[1].lost_at_s = node.plant_time_s() + 0.5  # ends the run
+    assert node_cli.main(["run", "--config", str(config)]) == 5
+    (line,) = [r.getMessage() for r in caplog.records if f"GPU 0 ({old})" in r.getMessage()]
+    assert "emulator" in line and "dropped" in line, line
+    assert "reset-clocks" not in line, line
+    assert old not in LockState(state_dir, pid=2).read()
+    assert node.gpu_state[0].locked is None  # the GPU now at index 0 was not touched
