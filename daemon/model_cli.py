@@ -127,6 +127,38 @@ def _domain_name(name: str) -> bool:
     return len(name) <= MAX_DOMAIN_NAME_CHARS and bool(re.fullmatch(DOMAIN_NAME_PATTERN, name))
 
 
+KEPT_SHOWN = 3
+"""At most this many kept-aside files named in the line (newest first), then a count."""
+
+
+def _kept_aside(path: Path) -> str:
+    """The end of "no learned model yet" for a domain whose models were kept aside
+    (``.other-``/``.corrupt-`` beside ``path``), newest first; empty where none is: it read
+    as if the model were lost after the engine served another model."""
+    try:
+        with os.scandir(path.parent) as entries:
+            kept = sorted(
+                (
+                    entry.name
+                    for entry in entries
+                    if entry.name.startswith((f"{path.name}.other-", f"{path.name}.corrupt-"))
+                ),
+                key=lambda name: name.rsplit("-", 1)[-1],
+                reverse=True,
+            )
+    except OSError:
+        return ""
+    if not kept:
+        return ""
+    shown = ", ".join(ascii(name)[1:-1] for name in kept[:KEPT_SHOWN])
+    more = f" and {len(kept) - KEPT_SHOWN} more" if len(kept) > KEPT_SHOWN else ""
+    return (
+        f" for this domain's node; kept aside beside it: {shown}{more} (.other-: another "
+        "node's or served model's, which the daemon puts back when its GPUs and model are "
+        "served again; .corrupt-: refused)"
+    )
+
+
 def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
     """The stored payload and the model rebuilt from it.
 
@@ -136,7 +168,7 @@ def load_model(path: Path) -> tuple[dict[str, Any], OnlineModel]:
     try:
         payload = read_stored(path)
     except FileNotFoundError as error:
-        raise ModelCliError(f"{path}: no learned model yet") from error
+        raise ModelCliError(f"{path}: no learned model yet{_kept_aside(path)}") from error
     except StoredModelError as error:
         raise ModelCliError(str(error)) from error
     state = payload["model"]

@@ -2097,3 +2097,31 @@ def test_a_model_keyed_by_gpu_index_is_never_taken_over_by_another_domain(
     node(_idle(0.0, name="llama"))
     assert not node.restored
     assert model_path(tmp_path, "sim").exists()
+
+
+@pytest.mark.parametrize("command", ["show", "export"])
+def test_a_domain_whose_model_was_kept_aside_says_so_not_no_model_yet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """After the engine served another model (or the GPUs changed) and the daemon stopped
+    before it learned anything new, the domain's model is kept aside as ``.other-``:
+    `model show` and `export` said "no learned model yet", as if the model were lost."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "online-model-llm.json.other-20261207T094000Z").write_text("{}")
+    (state / "online-model-llm.json.corrupt-20261207T094100Z").write_text("{")
+    (state / "online-model-llm2.json.other-20261207T094200Z").write_text("{}")  # not llm's
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{state}"\n[[domains]]\nname = "llm"\ngpus = [0]\n'
+        '[domains.controller]\nkind = "mpc-online"\n'
+    )
+    argv = ["model", command, "--config", str(config)]
+    if command == "export":
+        argv += ["--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "online-model-llm.json.other-20261207T094000Z" in err, err
+    assert "online-model-llm.json.corrupt-20261207T094100Z" in err, err
+    assert "llm2" not in err, err
