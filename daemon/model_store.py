@@ -337,11 +337,16 @@ class PersistentOnlineModel(ControllerWrapper):
             # learned anew: a node moved back (another GPU, the old model served again)
             # can have it back by renaming it.
             kept = f"; {self._keep_aside()}"
+            # With the file out of the way, another domain's model of exactly this key is
+            # this one's (two domains' names swapped: each name's file held the other's).
+            taken = self._take_back_in_place(key, clocks)
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model is for {stored.as_dict()}, this node is "
-                f"{key.as_dict()}; not applied{kept}; learning anew",
+                f"{key.as_dict()}; not applied{kept}" + ("" if taken else "; learning anew"),
             )
+            if taken:
+                self._restore(observation)
             return
         model_state = self._at_this_period(payload)
         try:
@@ -451,6 +456,18 @@ class PersistentOnlineModel(ControllerWrapper):
                 if candidate.name != self.path.name and _domain_file(candidate.name)
             )
         )
+        # ... and what another domain kept aside (its name swapped with this one's: it kept
+        # this domain's GPUs' model aside as another node's before this domain looked).
+        renamed += (
+            []
+            if self.path.exists()
+            else _newest_first(
+                candidate
+                for candidate in self.path.parent.glob("online-model-*.json.other-*")
+                if not candidate.name.startswith(f"{self.path.name}.")
+                and _domain_file(candidate.name.split(".other-", 1)[0])
+            )[:KEPT_LOOKED_AT]
+        )
         for candidate in kept[:KEPT_LOOKED_AT] + renamed[:KEPT_LOOKED_AT]:
             try:
                 payload = read_stored(candidate)
@@ -478,7 +495,8 @@ class PersistentOnlineModel(ControllerWrapper):
                 )
                 return False
             if candidate in renamed:
-                domain = candidate.name.removeprefix("online-model-").removesuffix(".json")
+                domain = candidate.name.split(".other-", 1)[0]
+                domain = domain.removeprefix("online-model-").removesuffix(".json")
                 self._say(
                     logging.INFO,
                     f"{self.path}: took over the model of domain {domain!r} "

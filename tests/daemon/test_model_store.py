@@ -2125,3 +2125,32 @@ def test_a_domain_whose_model_was_kept_aside_says_so_not_no_model_yet(
     assert "online-model-llm.json.other-20261207T094000Z" in err, err
     assert "online-model-llm.json.corrupt-20261207T094100Z" in err, err
     assert "llm2" not in err, err
+
+
+def test_two_domains_whose_names_were_swapped_each_take_over_their_gpus_model(
+    tmp_path: Path,
+) -> None:
+    """The config swaps two domains' names (``llm`` on GPUS and ``pool`` on others become
+    ``pool`` on GPUS and ``llm`` on the others): each name's file holds the other GPUs'
+    model. Both were kept aside as another node's and learned anew from scratch; each
+    domain takes over its GPUs' model, one line each."""
+    others = ("GPU-cccc", "GPU-dddd")
+    llm = _learn(tmp_path).inner.model
+    elsewhere = tmp_path / "elsewhere"
+    pool = _learn(elsewhere, gpus=others).inner.model
+    assert llm is not None and pool is not None
+    os.replace(model_path(elsewhere, "llm"), model_path(tmp_path, "pool"))
+    swapped = {
+        "pool": PersistentOnlineModel(_controller(), tmp_path, "pool", GPUS),
+        "llm": PersistentOnlineModel(_controller(), tmp_path, "llm", others),
+    }
+    for wrapper in swapped.values():
+        wrapper(_idle(0.0, name="llama"))
+    for name, learned in (("pool", llm), ("llm", pool)):
+        wrapper = swapped[name]
+        assert wrapper.restored, (name, wrapper.messages)
+        model = wrapper.inner.model
+        assert model is not None and model.samples == learned.samples, name
+        assert any("took over" in m for m in wrapper.messages), wrapper.messages
+    assert read_stored(model_path(tmp_path, "pool"))["key"]["gpu_uuids"] == list(GPUS)
+    assert read_stored(model_path(tmp_path, "llm"))["key"]["gpu_uuids"] == list(others)
