@@ -11,7 +11,7 @@ from typing import Any
 from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.config import GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
-from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
@@ -63,7 +63,15 @@ def reset_left_locks(
             f"GPU {named} ({key}), not in this config: a previous gpugov run "
             f"({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
         )
-        if isinstance(backend, str):
+        if isinstance(backend, str) and _emulator_lacks(config, named, calls):
+            # Its lock lived in the emulator, which now has no such GPU (restarted with
+            # fewer): the record was kept for good, its reset command refused (no GPU N).
+            state.clear(key)
+            line = (
+                f"{found}; the emulator has no GPU {named} now (restarted with fewer "
+                "GPUs), and its lock went with the old one; record dropped"
+            )
+        elif isinstance(backend, str):
             line = f"{found}; not reset ({backend}): {_reset_command(advice, named)}"
         else:
             try:
@@ -199,6 +207,20 @@ def _open_recorded(
     except (GpugovError, ValueError, CallTimeout) as error:  # ValueError: a split backend's usage
         return named, str(error), calls
     return named, backend, calls
+
+
+def _emulator_lacks(config: GpugovConfig, named: str, calls: SerialCalls) -> bool:
+    """Whether the config's emulator answers with fewer GPUs than index ``named`` needs
+    (False for another backend, a name that is no index, or an emulator that does not
+    answer: that GPU may still be there and locked)."""
+    if config.daemon.backend != "emulated" or not (named.isascii() and named.isdigit()):
+        return False
+    emulator = str(config.daemon.emulator)
+    try:
+        count = calls.call(lambda: emulated_device_count(emulator))
+    except (GpugovError, CallTimeout, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(count, int) and 0 <= count <= int(named)
 
 
 def _close_recorded(backend: GpuBackend, calls: SerialCalls) -> None:

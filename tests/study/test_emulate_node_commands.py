@@ -221,12 +221,14 @@ def test_a_gpu_lost_mid_run_says_so_once_in_nvml_words_and_how_to_reset_it(
     assert "reset-clocks" not in caplog.text
 
 
-def test_a_left_lock_on_a_gpu_the_node_lacks_names_the_configs_reset_command(
+def test_a_left_lock_on_a_gpu_the_emulator_lacks_is_dropped_not_left_forever(
     tmp_path: Path, emulator: EmulatorServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A killed run's lock record names a GPU this emulated node does not have (the
-    emulator restarted with fewer GPUs): the start's line named `gpugov reset-clocks
-    --gpus 7`, which goes to NVML, not to the emulator; it names the config now."""
+    emulator restarted with fewer GPUs): its lock went with the old emulator. The start's
+    line named `gpugov reset-clocks --gpus 7`, which went to NVML, then the config's
+    command, which the emulator refuses (no GPU 7), and the record was kept for good; it
+    is dropped."""
     from gpugov.daemon.lockstate import LockState
 
     state_dir = tmp_path / "state"
@@ -242,8 +244,10 @@ def test_a_left_lock_on_a_gpu_the_node_lacks_names_the_configs_reset_command(
     assert node_cli.main(["run", "--config", str(config)]) == 5
     (line,) = [r.getMessage() for r in caplog.records if "GPU 7 (GPU-gone)" in r.getMessage()]
     assert line.endswith(
-        f"run `gpugov reset-clocks --config {config} --gpus 7` (emulated backend)"
+        "the emulator has no GPU 7 now (restarted with fewer GPUs), and its "
+        "lock went with the old one; record dropped"
     ), line
+    assert "GPU-gone" not in LockState(state_dir, pid=2).read()
 
 
 def test_a_left_lock_on_a_gpu_an_emulator_restart_replaced_is_dropped_not_left_forever(
