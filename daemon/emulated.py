@@ -183,6 +183,8 @@ class EmulatorNvmlError(Exception):
         self.value = value
 
 
+NVML_INVALID_ARGUMENT = 2
+"""NVML's code for a GPU index the node does not have (``GET /gpu/<i>`` past the count)."""
 NVML_LIB_RM_VERSION_MISMATCH = 18
 """NVML's code for handles of a driver that was replaced: one of the driver-gone codes."""
 
@@ -278,11 +280,9 @@ class EmulatedBackend:
         path: str,
         body: dict[str, Any] | None,
         timeout_s: float,
-        *,
-        verify: bool = True,
     ) -> tuple[int, Any]:
         with self._lock:
-            return self._request_locked(method, path, body, timeout_s, verify=verify)
+            return self._request_locked(method, path, body, timeout_s)
 
     def _request_locked(
         self,
@@ -290,8 +290,6 @@ class EmulatedBackend:
         path: str,
         body: dict[str, Any] | None,
         timeout_s: float,
-        *,
-        verify: bool = True,
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -311,7 +309,7 @@ class EmulatedBackend:
                 self._connection.timeout = remaining
             deadline = ExchangeDeadline(self._connection, remaining)
             try:
-                if fresh and verify and self._identity is not None:
+                if fresh and self._identity is not None:
                     self._check_identity(self._connection, deadline)
                 self._connection.request(method, path, body=data, headers=headers)
                 deadline.track()
@@ -373,6 +371,11 @@ class EmulatedBackend:
                 f"the emulator at {self.emulator} serves another GPU at index {self._index} "
                 f"now ({uuid[:120]}, was {self._identity}: restarted with another profile)"
             )
+        if isinstance(payload, dict) and payload.get("nvmlReturn") == NVML_INVALID_ARGUMENT:
+            raise EmulatorReplaced(
+                f"the emulator at {self.emulator} has no GPU {self._index} now (restarted "
+                "with fewer GPUs)"
+            )
 
     @staticmethod
     def _late(timeout_s: float) -> TimeoutError:
@@ -386,12 +389,11 @@ class EmulatedBackend:
         body: dict[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
-        verify: bool = True,
     ) -> Any:
-        """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``.
-        ``verify``: refuse the call where the emulator now serves another GPU here."""
+        """One NVML call over HTTP; NVML codes become daemon errors as in ``daemon/nvml.py``;
+        refused where the emulator now serves another GPU here, or none."""
         self._check_open()
-        if verify and self._replaced is not None:
+        if self._replaced is not None:
             raise self._gone(action, self._replaced)
         try:
             status, payload = self._request(
@@ -399,7 +401,6 @@ class EmulatedBackend:
                 path,
                 body,
                 self._timeout_s if timeout_s is None else timeout_s,
-                verify=verify,
             )
         except EmulatorReplaced as replaced:
             self._replaced = str(replaced)
@@ -532,9 +533,16 @@ class EmulatedBackend:
         Raises:
             PermissionDenied, NotSupported, GpuLost, TransientGpuError: as the GPU answers.
         """
-        # Not refused on an emulator restarted with other GPUs: the lock went with the old
-        # one, and the new GPU's reset is harmless (as a driver reload clears the locks).
-        self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {}, verify=False)
+        # Nothing to reset on an emulator restarted with other GPUs (or fewer): the lock
+        # went with the old emulator, as a driver reload clears the locks, and the GPU
+        # now at this index is not gpugov's.
+        if self._replaced is not None:
+            return
+        try:
+            self._call("reset clocks", "POST", f"/gpu/{self._index}/reset", {})
+        except GpuUnavailable:
+            if self._replaced is None:
+                raise
 
     def close(self) -> None:
         """Close the kept connection (idempotent); later calls raise

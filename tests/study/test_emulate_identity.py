@@ -158,16 +158,18 @@ def test_the_backend_reads_the_identity_the_node_serves() -> None:
         server.close()
 
 
-def _restart(server: EmulatorServer, backend: EmulatedBackend, profile: Any) -> EmulatorServer:
+def _restart(
+    server: EmulatorServer, backend: EmulatedBackend, profile: Any, gpus: int = 1
+) -> EmulatorServer:
     """``server`` stopped and another emulator started on its port (``gpugov emulate``
-    restarted under a running daemon), serving a node of ``profile``."""
+    restarted under a running daemon), serving a node of ``profile`` with ``gpus``."""
     port = int(server.url.rsplit(":", 1)[1])
     server.close()
     # A process's exit closes its connections; an in-process server's close leaves its
     # handler threads' keep-alive sockets open, so close the backend's as the exit would.
     if backend._connection is not None:
         backend._connection.close()
-    again = EmulatorServer(EmulatedNode(make_plant(profile), gpus=1), "127.0.0.1", port)
+    again = EmulatorServer(EmulatedNode(make_plant(profile), gpus=gpus), "127.0.0.1", port)
     again.start()
     return again
 
@@ -190,7 +192,28 @@ def test_an_emulator_restarted_with_other_gpus_is_a_replaced_driver_not_the_same
                 call()
             assert raised.value.code in DRIVER_GONE_CODES
             assert "another GPU" in str(raised.value), str(raised.value)
-        assert server.node.gpu_state[0].locked is None  # the new GPU was not locked
+        server.node.lock_clocks(0, 900, 900)  # someone else's lock on the new GPU
+        backend.reset_clocks()  # nothing of gpugov's to reset: the old GPU took its lock
+        assert server.node.gpu_state[0].locked is not None  # the new GPU was not touched
+    finally:
+        backend.close()
+        server.close()
+
+
+def test_an_emulator_restarted_with_fewer_gpus_is_a_replaced_driver_for_the_missing_one() -> None:
+    """GPU 1 of an emulator restarted with one GPU: refused with a driver-gone code (exit
+    4), not "Invalid Argument" at each write (exit 1, with a reset-clocks command the
+    emulator refuses: no GPU 1); its reset has nothing to do."""
+    server = EmulatorServer(EmulatedNode(make_plant(), gpus=2), "127.0.0.1", 0)
+    server.start()
+    backend = EmulatedBackend(1, emulator=server.url)
+    try:
+        backend.lock_clocks(900, 900)
+        server = _restart(server, backend, make_profile(), gpus=1)
+        with pytest.raises(GpuUnavailable) as raised:
+            backend.lock_clocks(900, 900)
+        assert raised.value.code in DRIVER_GONE_CODES
+        assert "has no GPU 1 now" in str(raised.value), str(raised.value)
         backend.reset_clocks()
     finally:
         backend.close()
