@@ -223,7 +223,11 @@ class EmulatedBackend:
         self._label = str(gpu)
         self.emulator = emulator
         self._dropped: set[str] = set()
-        self._identity: str | None = None  # the UUID opened: checked on each new connection
+        self._identity: str | None = None  # the UUID opened
+        # Ask the identity again on the next new connection: the emulator dropped or
+        # refused one (it may have been restarted). Not after a timeout of ours: the
+        # extra request in the same deadline could time out every call after one.
+        self._verify_next = False
         self._replaced: str | None = None  # why the GPU is another now, once it is
         try:
             info = self._call(
@@ -299,6 +303,7 @@ class EmulatedBackend:
             if remaining <= 0:
                 break
             fresh = self._connection is None or self._connection.sock is None  # a new socket
+            verify = fresh and self._verify_next and self._identity is not None
             if self._connection is None:
                 self._connection = http.client.HTTPConnection(
                     self._host, self._port, timeout=remaining
@@ -309,8 +314,9 @@ class EmulatedBackend:
                 self._connection.timeout = remaining
             deadline = ExchangeDeadline(self._connection, remaining)
             try:
-                if fresh and self._identity is not None:
+                if verify:
                     self._check_identity(self._connection, deadline)
+                    self._verify_next = False
                 self._connection.request(method, path, body=data, headers=headers)
                 deadline.track()
                 response = self._connection.getresponse()
@@ -322,6 +328,7 @@ class EmulatedBackend:
             ) as error:
                 self._connection.close()
                 self._connection = None
+                self._verify_next = True
                 if deadline.expired:
                     raise self._late(timeout_s) from error
                 if attempt == 0:
@@ -332,6 +339,7 @@ class EmulatedBackend:
                 self._connection = None
                 if deadline.expired or isinstance(error, TimeoutError):
                     raise self._late(timeout_s) from error
+                self._verify_next = True  # refused, or cut: the emulator may be restarting
                 raise
             except EmulatorReplaced:
                 self._connection.close()
@@ -352,9 +360,10 @@ class EmulatedBackend:
     def _check_identity(
         self, connection: http.client.HTTPConnection, deadline: ExchangeDeadline
     ) -> None:
-        """On a new connection, ask ``GET /gpu/<i>`` first: an emulator restarted with
-        another profile serves another GPU at this index, which must not be read or locked
-        as the one opened (NVML's handles go stale the same way when the driver is replaced).
+        """On a new connection after a dropped or refused one, ask ``GET /gpu/<i>`` first:
+        an emulator restarted with another profile (or fewer GPUs) serves another GPU at
+        this index, or none, which must not be read or locked as the one opened (NVML's
+        handles go stale the same way when the driver is replaced).
 
         Raises:
             EmulatorReplaced: the GPU at this index has another UUID now.

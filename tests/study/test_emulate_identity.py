@@ -6,6 +6,7 @@ GPUs)."""
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -166,9 +167,10 @@ def _restart(
     port = int(server.url.rsplit(":", 1)[1])
     server.close()
     # A process's exit closes its connections; an in-process server's close leaves its
-    # handler threads' keep-alive sockets open, so close the backend's as the exit would.
-    if backend._connection is not None:
-        backend._connection.close()
+    # handler threads' keep-alive sockets open, so cut the backend's as the exit would
+    # (its next request fails on the dead connection, as on a restarted emulator).
+    if backend._connection is not None and backend._connection.sock is not None:
+        backend._connection.sock.shutdown(socket.SHUT_RDWR)
     again = EmulatorServer(EmulatedNode(make_plant(profile), gpus=gpus), "127.0.0.1", port)
     again.start()
     return again
