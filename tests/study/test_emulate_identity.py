@@ -220,3 +220,32 @@ def test_an_emulator_restarted_with_fewer_gpus_is_a_replaced_driver_for_the_miss
     finally:
         backend.close()
         server.close()
+
+
+def test_the_identity_is_asked_again_only_after_the_emulator_dropped_a_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection the backend closed itself (its own timeout) is reopened with no extra
+    request, which would share the call's deadline and could time out every call after
+    one; one the emulator dropped is reopened with the identity asked first, once."""
+    server = EmulatorServer(EmulatedNode(make_plant(), gpus=1), "127.0.0.1", 0)
+    server.start()
+    asked: list[int] = []
+    gpu_info = server.node.gpu_info
+    monkeypatch.setattr(server.node, "gpu_info", lambda gpu: asked.append(gpu) or gpu_info(gpu))
+    backend = EmulatedBackend(0, emulator=server.url)
+    try:
+        assert asked == [0]  # the open
+        assert backend._connection is not None
+        backend._connection.close()  # as after a timeout of its own
+        backend.sample()
+        backend.sample()
+        assert asked == [0]
+        assert backend._connection is not None and backend._connection.sock is not None
+        backend._connection.sock.shutdown(socket.SHUT_RDWR)  # as the emulator's exit
+        backend.sample()
+        backend.sample()
+        assert asked == [0, 0]
+    finally:
+        backend.close()
+        server.close()
