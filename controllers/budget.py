@@ -364,6 +364,20 @@ class AttainmentBudget:
         return min(self.loosest, max(self.tightest, math.exp(log_looseness)))
 
     @property
+    def overspent(self) -> bool:
+        """Whether the window's misses are past its whole projected budget (``A' - S < 0``)
+        and its short window still misses faster than the target sustains: the target is
+        broken for this window and the node is still losing requests (an engine past its
+        capacity, or a model wrong about it)."""
+        recent = self.recent
+        return (
+            self.remaining < 0.0
+            and recent is not None
+            and recent.misses >= BEHIND_MISSES
+            and recent.miss_fraction > self.target.budget
+        )
+
+    @property
     def allowance_credit(self) -> float:
         """The share of a per-prompt TTFT allowance the controller may plan with: all of
         it from a looseness of 1 up, none at the tightest, and none while the window cannot

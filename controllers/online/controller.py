@@ -667,6 +667,18 @@ class OnlineMPCController(MeasuredLatencyRules):
             efficient = self.efficient_clock(observation)
             arrival = self.arrival_floor(observation)
             self.current_clock = max(decision, floor, guard or 0.0, efficient, arrival)
+            in_hand = (
+                observation.waiting_requests > 0
+                or observation.decode_active > 0
+                or observation.prefill_remaining_tokens > 0.0
+            )
+            if self.overspent and in_hand:
+                # The window's budget is spent and requests still miss (an engine past its
+                # capacity, or a model wrong about it): the work in hand is served at the
+                # top clock, past the MPC, the descents and the floors, until they stop.
+                self.current_clock = maximum
+                self.last_reason = "overspent"
+                return self.current_clock
             if parked is not None and max(parked, guard or 0.0) < self.current_clock:
                 # An idle colocated GPU past the warm-up (or a prefill pool parked above
                 # its lowest clock): the MPC's fluid model spreads

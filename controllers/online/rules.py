@@ -88,6 +88,12 @@ class MeasuredLatencyRules:
         return self.budget is not None and self.budget.ahead
 
     @property
+    def overspent(self) -> bool:
+        """Whether the attainment budget's window is overspent and still missing
+        (:attr:`AttainmentBudget.overspent`). False without an SLO target."""
+        return self.budget is not None and self.budget.overspent
+
+    @property
     def effective_z(self) -> float:
         """``uncertainty_z`` over the looseness: the model is trusted more while the
         measured attainment is ahead of its target."""

@@ -532,3 +532,21 @@ def test_a_damaged_stored_window_is_refused_naming_the_field(
     with pytest.raises(ValueError, match=field):
         after.load_state(state, 61.0)
     assert after.looseness == 1.0 and after.state_dict()["snapshots"] == []
+
+
+def test_overspent_while_the_window_is_past_its_budget_and_still_missing() -> None:
+    """Overspent: the window's misses past its whole projected budget while its short
+    window (a twelfth: 50 s) still misses faster than the target sustains; a short window
+    clean again ends it, though the long window is still past its budget."""
+    budget = AttainmentBudget(TARGET)
+    _, state = _run(budget, 200.0, rate=5.0, miss=0.0)
+    assert not budget.overspent
+    _, state = _run(budget, 30.0, rate=5.0, miss=0.1, start=state)  # 15 of its 30
+    assert budget.remaining > 0.0 and not budget.overspent
+    _, state = _run(budget, 60.0, rate=5.0, miss=0.1, start=state)
+    assert budget.remaining < 0.0 and budget.overspent
+    _, state = _run(budget, 60.0, rate=5.0, miss=0.0, start=state)
+    assert budget.remaining < 0.0 and not budget.overspent
+    light = AttainmentBudget(TARGET)  # misses within the window's budget: not overspent
+    _run(light, 600.0, rate=5.0, miss=0.005)
+    assert light.remaining > 0.0 and not light.overspent
