@@ -67,11 +67,7 @@ def check_output_file(
     if os.path.islink(target) and not os.path.exists(target):
         # A link to nothing yet: the write creates its target, so that target's directory
         # is the one to check (a loop cannot be opened at all).
-        try:
-            os.stat(target)
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise UsageError(f"{flag} {target}: a symbolic link loop") from error
+        _refuse_a_link_loop(flag, target)
         directory = os.path.dirname(os.path.realpath(target))
     _check_writable_dir(flag, target, directory)
     if os.path.exists(target) and not os.access(target, os.W_OK):
@@ -175,6 +171,15 @@ def _same_file(first: str, second: str) -> bool:
         return False
 
 
+def _refuse_a_link_loop(flag: str, target: str) -> None:
+    """Refuse ``target``, a link that leads nowhere, where it is a loop (one line)."""
+    try:
+        os.stat(target)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UsageError(f"{flag} {target}: a symbolic link loop") from error
+
+
 def check_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool = False) -> None:
     """What :func:`prepare_output_dir` refuses, checked without creating anything: for a
     command that reads its inputs before it makes its output directory."""
@@ -184,11 +189,7 @@ def check_output_dir(flag: str, path: str | os.PathLike[str], *, parents: bool =
     if os.path.islink(target) and not os.path.exists(target):
         # A link to nothing: no directory can be made at it ("File exists"), and one
         # command took it until its work had begun.
-        try:
-            os.stat(target)
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise UsageError(f"{flag} {target}: a symbolic link loop") from error
+        _refuse_a_link_loop(flag, target)
         raise UsageError(
             f"{flag} {target}: a symbolic link to a missing directory "
             f"({os.path.realpath(target)}; create it first)"
