@@ -1,31 +1,26 @@
 """Prometheus exporter: a scrape-time Collector over the latest per-domain snapshots.
 
 Its own ``CollectorRegistry`` (never the global one), served by prometheus_client's WSGI
-app on ``127.0.0.1:9400`` by default, with at most :data:`MAX_CONNECTIONS` connections
-at once, a :data:`CONNECTION_TIMEOUT_S` socket timeout and a :data:`REQUEST_DEADLINE_S`
-deadline on each connection as a whole; when every slot is taken, a new connection
-closes the oldest one still sending its request, so clients that trickle their headers
-cannot keep a scraper out. Names are ``gpugov_*`` in
+app on ``127.0.0.1:9400`` by default, through the bounded server of
+:mod:`daemon.metrics_server`. Names are ``gpugov_*`` in
 base units (hertz, watts, joules, celsius, seconds); labels ``domain``, ``gpu`` and, on
 decision metrics, ``controller``. The loop calls :meth:`Exporter.publish` once per tick
 with immutable snapshots; a scrape reads whatever was published last."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import platform
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+from prometheus_client.exposition import make_wsgi_app
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -38,6 +33,7 @@ from prometheus_client.registry import Collector
 from gpugov import __version__
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.energy import EnergySnapshot
+from gpugov.daemon.metrics_server import BoundedServer, QuietHandler
 from gpugov.daemon.power_budget import BudgetStatus
 from gpugov.plant.types import ServingObservation
 
@@ -674,18 +670,6 @@ class SnapshotCollector(Collector):
         yield from (ticks, overruns, duration, period, lock_failures, lock_stale, dropped)
 
 
-MAX_CONNECTIONS = 32
-"""Connections served at once. When all are taken, a new connection closes the oldest one
-still sending its request (a slow or stuck client); with none such it is closed at once
-(a scraper retries)."""
-CONNECTION_TIMEOUT_S = 10.0
-"""An idle client (nothing received for this long) is dropped, so it cannot hold a thread."""
-REQUEST_DEADLINE_S = 10.0
-"""A connection is closed this long after it was accepted, whatever it sent: one deadline
-for the request (headers and answer), not per socket read, so a client that trickles a
-header line every few seconds cannot hold a thread either."""
-SLOT_WAIT_S = 1.0
-"""How long a new connection waits for the slot of the connection it closed."""
 HEALTH_PATH = "/healthz"
 """The liveness path: 200 while the control loop ticks, 503 once it stalled (every other
 path serves the metrics, which a stalled loop still answers from its last snapshot)."""
@@ -695,121 +679,6 @@ STALL_AFTER_S = 30.0
 START_ALLOWANCE_S = 120.0
 """How long the start (GPUs, reconcile, the controller's compile) may take before the
 first tick: the units' ``TimeoutStartSec=``."""
-
-
-@dataclass
-class _Connection:
-    sock: socket.socket
-    accepted_s: float
-    request_read: bool = False
-    cut: bool = False
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT_S  # StreamRequestHandler sets it on the socket
-
-    def parse_request(self) -> bool:
-        """Read the request line and headers; a connection cut meanwhile is not answered."""
-        if not super().parse_request():
-            return False
-        server = self.server
-        return not isinstance(server, _BoundedServer) or server.request_read(self.request)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class _BoundedServer(ThreadingWSGIServer):
-    """One thread per connection, at most ``max_connections`` at once, each connection
-    closed ``request_deadline_s`` after it was accepted.
-
-    prometheus_client's server starts a thread per connection with no limit and no
-    timeout, so idle connections would each hold a thread forever. A socket timeout alone
-    does not stop a client that sends a byte now and then; the deadline does, and while
-    it runs, a new connection takes the slot of the oldest one still sending its request.
-    """
-
-    max_connections = MAX_CONNECTIONS
-    request_deadline_s = REQUEST_DEADLINE_S
-    request_queue_size = 64  # the listen backlog (socketserver's default is 5)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that timed out or vanished is routine: no traceback on stderr."""
-        log.debug("metrics client %s dropped: %s", client_address, sys.exc_info()[1])
-
-    def server_activate(self) -> None:
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self._open: dict[int, _Connection] = {}
-        self._open_lock = threading.Lock()
-        self.refused = 0
-        self.cut = 0
-        super().server_activate()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False) and not (
-            self._cut_oldest_unread() and self._slots.acquire(timeout=SLOT_WAIT_S)
-        ):
-            self.refused += 1
-            self.shutdown_request(request)
-            return
-        with self._open_lock:
-            self._open[id(request)] = _Connection(request, time.monotonic())
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._forget(request)
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._forget(request)
-            self._slots.release()
-
-    def service_actions(self) -> None:
-        """Every poll of the serving loop: close the connections past their deadline."""
-        super().service_actions()
-        now = time.monotonic()
-        with self._open_lock:
-            late = [
-                c
-                for c in self._open.values()
-                if not c.cut and now - c.accepted_s >= self.request_deadline_s
-            ]
-        for connection in late:
-            self._cut(connection)
-
-    def request_read(self, request: Any) -> bool:
-        """The handler read this connection's request; False if it was cut meanwhile."""
-        with self._open_lock:
-            connection = self._open.get(id(request))
-            if connection is None or connection.cut:
-                return False
-            connection.request_read = True
-            return True
-
-    def _cut_oldest_unread(self) -> bool:
-        """Close the oldest connection still sending its request; False if none is."""
-        with self._open_lock:
-            waiting = [c for c in self._open.values() if not c.request_read and not c.cut]
-        if not waiting:
-            return False
-        self._cut(min(waiting, key=lambda c: c.accepted_s))
-        return True
-
-    def _cut(self, connection: _Connection) -> None:
-        """Shut the socket down: the handler's read or write returns and its thread ends."""
-        with self._open_lock:
-            connection.cut = True
-        self.cut += 1
-        with contextlib.suppress(OSError):
-            connection.sock.shutdown(socket.SHUT_RDWR)
-
-    def _forget(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.pop(id(request), None)
 
 
 class Exporter:
@@ -835,7 +704,7 @@ class Exporter:
         self._started_s = clock()
         self._published_s: float | None = None
         self._period_s = 1.0
-        self._server: _BoundedServer | None = None
+        self._server: BoundedServer | None = None
         self._thread: threading.Thread | None = None
         self.host, self.port = host, port
         if serve:
@@ -855,10 +724,10 @@ class Exporter:
             start_response(status, [*headers, ("Content-Length", str(len(body)))])
             return [body]
 
-        class Server(_BoundedServer):
+        class Server(BoundedServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-        self._server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+        self._server = make_server(host, port, app, Server, handler_class=QuietHandler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever,

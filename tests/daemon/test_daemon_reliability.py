@@ -937,9 +937,9 @@ def test_floor_above_the_top_clock_is_refused_at_start(metrics_server: MetricsSe
 
 # ------------------------------------------------ item 11: exporter connections
 def test_idle_connections_do_not_hold_threads_forever(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpugov.daemon.exporter as exporter_module
+    import gpugov.daemon.metrics_server as server_module
 
-    monkeypatch.setattr(exporter_module._QuietHandler, "timeout", 0.5)
+    monkeypatch.setattr(server_module.QuietHandler, "timeout", 0.5)
     exporter = Exporter(port=0)
     idle = []
     try:
@@ -947,7 +947,7 @@ def test_idle_connections_do_not_hold_threads_forever(monkeypatch: pytest.Monkey
         for _ in range(40):  # more than MAX_CONNECTIONS, none sends a request
             idle.append(socket.create_connection(("127.0.0.1", exporter.port), timeout=5))
         time.sleep(0.2)
-        assert threading.active_count() - before <= exporter_module.MAX_CONNECTIONS
+        assert threading.active_count() - before <= server_module.MAX_CONNECTIONS
         deadline = time.monotonic() + 10
         while True:  # the idle ones time out; a scrape is served again
             try:
@@ -980,9 +980,9 @@ def test_clients_trickling_their_headers_neither_starve_a_scrape_nor_stay(
     that timeout never fires. A real scrape is still served at once (it takes the slot of
     the oldest client still sending its request), and the request deadline closes every
     trickling client, however often it sends."""
-    import gpugov.daemon.exporter as exporter_module
+    import gpugov.daemon.metrics_server as server_module
 
-    monkeypatch.setattr(exporter_module._BoundedServer, "request_deadline_s", 1.5)
+    monkeypatch.setattr(server_module.BoundedServer, "request_deadline_s", 1.5)
     exporter = Exporter(port=0)
     slow: list[socket.socket] = []
     try:
