@@ -30,28 +30,44 @@ def notify_systemd(state: str, environ: Mapping[str, str] | None = None) -> None
     (``net.unix.max_dgram_qlen``), and while its reader is busy (PID 1 in a long reload, a
     container's notify proxy that stopped reading) a blocking send held the caller's loop,
     its watchdog pings and, at a stop, the clocks' reset. One with no room is dropped."""
-    address = (os.environ if environ is None else environ).get("NOTIFY_SOCKET")
-    if not address:
+    address = _notify_address(os.environ if environ is None else environ)
+    if address is None:
         return
-    if address.startswith("@"):  # an abstract socket
-        address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.sendto(state.encode(), socket.MSG_DONTWAIT, address)
-        except OSError as error:  # BlockingIOError: no room in its queue
-            log.debug("sd_notify failed: %s", error)
+        _send(sock, address, state)
+
+
+def _notify_address(environ: Mapping[str, str]) -> str | None:
+    """``$NOTIFY_SOCKET`` as a socket address (``@name``: an abstract socket); None unset."""
+    address = environ.get("NOTIFY_SOCKET")
+    if not address:
+        return None
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
+def _send(sock: socket.socket, address: str, state: str) -> None:
+    """One datagram, never waiting for room in the socket's queue (dropped without)."""
+    try:
+        sock.sendto(state.encode(), socket.MSG_DONTWAIT, address)
+    except OSError as error:  # BlockingIOError: no room in its queue
+        log.debug("sd_notify failed: %s", error)
 
 
 class SocketNotifier:
     """``notify(state)`` to the ``$NOTIFY_SOCKET`` of ``environ``, never waiting for room
-    (:func:`notify_systemd`); ``gpugov run``'s sender (:class:`daemon.loop.SystemdNotify`)."""
+    (:func:`notify_systemd`), over one socket kept open: ``gpugov run``'s sender
+    (:class:`daemon.loop.SystemdNotify`), two datagrams a tick."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self._environ = {"NOTIFY_SOCKET": environ.get("NOTIFY_SOCKET", "")}
+        self._address = _notify_address(environ)
+        self._sock = (
+            None if self._address is None else socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        )
 
     def notify(self, state: str) -> None:
         """Send ``state`` (``READY=1``, ``WATCHDOG=1``, ``STATUS=...``, ``STOPPING=1``)."""
-        notify_systemd(state, self._environ)
+        if self._sock is not None and self._address is not None:
+            _send(self._sock, self._address, state)
 
 
 def watchdog_seconds(environ: Mapping[str, str]) -> float | None:
