@@ -30,7 +30,7 @@ from gpugov.daemon.exit_restore import (
     restore_each,
 )
 from gpugov.daemon.gpu_writer import LateCall, WriteFailureLog
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
+from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
 from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,6 @@ def _start_writes(
         except ClockWriteHung as error:
             refused[writer.label] = error
     return refused
-
-
-def _left_by(entry: dict[str, Any]) -> str:
-    """What a lock record entry of another run says: ``a previous gpugov run (pid ...,
-    time) left it locked at LOW-HIGH MHz``."""
-    low, held = entry.get("min_mhz"), entry.get("max_mhz")
-    at = f"at {low}-{held} MHz" if low is not None and held is not None else "(clocks unknown)"
-    return (
-        f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
-    )
 
 
 class ClockActuator:
@@ -721,7 +711,7 @@ class ClockActuator:
         still runs is left to it."""
         label, key = backend.label, gpu_key(backend)
         entry = self.state.get(key) if self.state is not None else None
-        found = "" if entry is None else f"{_left_by(entry)}; "
+        found = "" if entry is None else f"{left_by(entry)}; "
         if entry is not None and live_writer(entry):
             line = (
                 f"GPU {label}: not reconciled (stopped during the start): gpugov "
@@ -774,7 +764,7 @@ class ClockActuator:
         low = entry.get("min_mhz") if entry is not None else None
         held = entry.get("max_mhz") if entry is not None else None
         if entry is not None:
-            found = f"{_left_by(entry)} (now {now} of {top} MHz)"
+            found = f"{left_by(entry)} (now {now} of {top} MHz)"
         elif seems_locked:
             found = (
                 f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: "

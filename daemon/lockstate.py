@@ -735,6 +735,16 @@ def writer_pid_text(entry: Mapping[str, Any]) -> str:
     return "pid unknown" if pid is None else f"pid {pid}"
 
 
+def left_by(entry: Mapping[str, Any]) -> str:
+    """What a lock record entry of another run says: ``a previous gpugov run (pid ...,
+    time) left it locked at LOW-HIGH MHz``."""
+    low, held = entry.get("min_mhz"), entry.get("max_mhz")
+    at = f"at {low}-{held} MHz" if low is not None and held is not None else "(clocks unknown)"
+    return (
+        f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
+    )
+
+
 def written_in_earlier_boot(entry: Mapping[str, Any]) -> bool:
     """Whether lock state ``entry`` is of an earlier boot (its ``boot_id``; False where
     either is unknown): clock locks do not outlive a reboot, so it holds none now."""

@@ -14,7 +14,7 @@ from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.errors import GpugovError
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
-from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
+from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
 from gpugov.daemon.loop import ResetAdvice
 from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.service import Assembled, open_backend
@@ -57,12 +57,7 @@ def reset_left_locks(
         if key in ours or state.written_here(key) or live_writer(entry):
             continue
         named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
-        low, high = entry.get("min_mhz"), entry.get("max_mhz")
-        at = f"at {low}-{high} MHz" if low is not None and high is not None else "(clocks unknown)"
-        found = (
-            f"GPU {named} ({key}), not in this config: a previous gpugov run "
-            f"({writer_pid_text(entry)}, {entry.get('time')}) left it locked {at}"
-        )
+        found = f"GPU {named} ({key}), not in this config: {left_by(entry)}"
         if isinstance(backend, str) and _emulator_lacks(config, named, calls):
             # Its lock lived in the emulator, which now has no such GPU (restarted with
             # fewer): the record was kept for good, its reset command refused (no GPU N).
