@@ -547,6 +547,8 @@ def _escaped(value: str) -> str:
     """A label value as exposition text writes it: backslash, double quote and newline
     escaped; any other control character as its code, so a quoted series is one line."""
     value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    if value.isprintable():  # the common case, every scrape's _created series
+        return value
     return "".join(
         character if character.isprintable() or character == " " else f"\\x{ord(character):02x}"
         for character in value

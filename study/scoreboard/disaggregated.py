@@ -793,12 +793,13 @@ def run_disaggregated_from_args(args: Any, config: BenchConfig) -> int:
     ``DIR`` is held while it runs (:func:`~gpugov.study.outputs.held_output_dir`)."""
     from gpugov.daemon.cli_outputs import prepare_output_dir
     from gpugov.study.outputs import held_output_dir
+    from gpugov.study.scoreboard.command import DISAGGREGATED_FILES
 
     runner = replace(spec_from_args(args), jobs=config.jobs)
     check_runner(runner)  # --ray: Ray installed and the cluster there, before any work
     prepare_output_dir("--out", args.out, parents=args.out == str(DEFAULT_OUT))
     # One run at a time writes DIR: a second one is refused here, before its scenarios.
-    with held_output_dir(Path(args.out), "--out", ("disaggregated.json", "disaggregated.md")):
+    with held_output_dir(Path(args.out), "--out", DISAGGREGATED_FILES):
         return _run_disaggregated_held(args, config, runner)
 
 
