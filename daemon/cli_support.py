@@ -150,11 +150,12 @@ def check_simulated_cap(config: object, profile: PerformanceProfile, spec: str) 
     configured ``cap_w`` below its GPUs' lowest (:func:`~daemon.power_budget.check_configured_cap`)
     rather than clamping it."""
     from gpugov.daemon.simulated import SIMULATED_LOWEST_LIMIT_SHARE
+    from gpugov.plant.plant import board_power_limit_w
 
     cap_w = getattr(config, "cap_w", None)
     if cap_w is None:
         return
-    board_w = float(profile.manifest.get("power_limit_w", 700.0))  # ServingPlant.from_profile's
+    board_w = board_power_limit_w(profile)
     lowest_w = SIMULATED_LOWEST_LIMIT_SHARE * board_w
     if cap_w < lowest_w - 1e-9:
         raise UsageError(

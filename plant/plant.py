@@ -9,6 +9,12 @@ from typing import Any
 from gpugov.plant.profile import DEFAULT_MAX_BATCH_SIZE, PerformanceProfile
 
 
+def board_power_limit_w(profile: PerformanceProfile) -> float:
+    """The board power limit a plant of ``profile`` has: its manifest's ``power_limit_w``,
+    700 W where it states none."""
+    return float(profile.manifest.get("power_limit_w", 700.0))
+
+
 @dataclass(frozen=True)
 class ServingPlant:
     """One GPU serving one model: profile, power/thermal limits and engine limits.
@@ -94,7 +100,7 @@ class ServingPlant:
         engine = manifest.get("engine", {})
         values: dict[str, Any] = {
             "profile": profile,
-            "power_limit_w": float(manifest.get("power_limit_w", 700.0)),
+            "power_limit_w": board_power_limit_w(profile),
             "thermal_limit_c": float(thermal.get("thermal_limit_c", 87.0)),
             "ambient_temperature_c": float(thermal.get("ambient_temperature_c", 30.0)),
             "thermal_resistance_c_per_w": float(thermal.get("thermal_resistance_c_per_w", 0.07)),
