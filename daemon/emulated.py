@@ -24,6 +24,8 @@ from typing import Any
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.errors import (
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH,
     GpuCallHung,
     GpuError,
     GpuLost,
@@ -181,12 +183,6 @@ class EmulatorNvmlError(Exception):
     def __init__(self, value: int) -> None:
         super().__init__(_NVML_ERROR_STRINGS.get(value, f"NVML error {value}"))
         self.value = value
-
-
-NVML_INVALID_ARGUMENT = 2
-"""NVML's code for a GPU index the node does not have (``GET /gpu/<i>`` past the count)."""
-NVML_LIB_RM_VERSION_MISMATCH = 18
-"""NVML's code for handles of a driver that was replaced: one of the driver-gone codes."""
 
 
 class EmulatorReplaced(Exception):
@@ -380,7 +376,7 @@ class EmulatedBackend:
                 f"the emulator at {self.emulator} serves another GPU at index {self._index} "
                 f"now ({uuid[:120]}, was {self._identity}: restarted with another profile)"
             )
-        if isinstance(payload, dict) and payload.get("nvmlReturn") == NVML_INVALID_ARGUMENT:
+        if isinstance(payload, dict) and payload.get("nvmlReturn") == NVML_ERROR_INVALID_ARGUMENT:
             raise EmulatorReplaced(
                 f"the emulator at {self.emulator} has no GPU {self._index} now (restarted "
                 "with fewer GPUs)"
@@ -429,9 +425,10 @@ class EmulatedBackend:
         """The opened GPU is no longer the emulator's: a driver-gone code (LIB_RM_VERSION_
         MISMATCH), which a running loop exits on (4) and a start reopens."""
         return GpuUnavailable(
-            f"GPU {self._label}: {action} failed: {why} (NVML code {NVML_LIB_RM_VERSION_MISMATCH})",
+            f"GPU {self._label}: {action} failed: {why} "
+            f"(NVML code {NVML_ERROR_LIB_RM_VERSION_MISMATCH})",
             gpu=self._label,
-            code=NVML_LIB_RM_VERSION_MISMATCH,
+            code=NVML_ERROR_LIB_RM_VERSION_MISMATCH,
         )
 
     def _check_open(self) -> None:

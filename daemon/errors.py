@@ -347,6 +347,11 @@ FUNCTION_NOT_FOUND = 13
 NO_DRIVER_CODES = frozenset({9, 12})
 """NVML's DRIVER_NOT_LOADED and LIBRARY_NOT_FOUND: this machine has no NVIDIA driver."""
 
+NVML_ERROR_INVALID_ARGUMENT = 2
+"""NVML's code for an invalid argument (a GPU index the node does not have, a minimum
+clock above the maximum, a power limit that is no number of watts)."""
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+"""NVML's code for handles of a driver that was replaced: one of the driver-gone codes."""
 DRIVER_GONE_CODES = frozenset({1, 6, 9, 12, 18})
 """UNINITIALIZED, NOT_FOUND, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH:
 at the start, no driver (or no such GPU); from a running loop, the driver went away."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
-from gpugov.daemon.errors import GpuError, GpuUnavailable
+from gpugov.daemon.errors import NVML_ERROR_INVALID_ARGUMENT, GpuError, GpuUnavailable
 from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
@@ -25,7 +25,6 @@ from gpugov.plant.types import ServingObservation
 
 APPLICATIONS_CLOCKS_SETTING = 0x2
 """nvmlClocksEventReasonApplicationsClocksSetting: a lock holds the clock below the top."""
-NVML_ERROR_INVALID_ARGUMENT = 2
 SIMULATED_LOWEST_LIMIT_SHARE = 0.1
 """The lowest power limit a simulated GPU accepts, as a share of its board limit."""
 
