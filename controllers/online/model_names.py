@@ -12,7 +12,7 @@ What counts as a size: a number directly followed by ``B`` (billions) or ``M``
 (millions, 50M or more: ``1M`` is a context length), standing alone between separators
 (``-``, ``_``, ``/``, ``.``, space, brackets): ``70B``, ``7b``, ``1.5B``, ``0.5B``,
 ``405B``, ``135M``. ``NxMB`` is a mixture of ``N`` experts of an ``M``-billion model
-(``8x7B``, ``8x22B``); ``A3B``/``A22B`` gives the parameters active per token. A
+(``8x7B``, ``8x22B``); ``A3B``/``A22B`` (``A800M``) gives the parameters active per token. A
 version (``v0.1``, ``3.1``), a date (``2407``), a context length (``128k``, ``1M``), a
 quantisation (``4bit``, ``bf16``) or a GPU (``A100``) is not a size.
 
@@ -33,7 +33,7 @@ _EDGE_BEFORE = r"(?<![A-Za-z0-9.])"
 _EDGE_AFTER = r"(?![A-Za-z0-9])"
 _NUMBER = r"(\d{1,5}(?:\.\d{1,3})?)"
 MIXTURE = re.compile(rf"{_EDGE_BEFORE}(\d{{1,3}})[xX]{_NUMBER}([bB]){_EDGE_AFTER}")
-ACTIVE = re.compile(rf"{_EDGE_BEFORE}[aA]{_NUMBER}([bB]){_EDGE_AFTER}")
+ACTIVE = re.compile(rf"{_EDGE_BEFORE}[aA]{_NUMBER}([bBmM]){_EDGE_AFTER}")
 PLAIN = re.compile(rf"{_EDGE_BEFORE}{_NUMBER}([bBmM]){_EDGE_AFTER}")
 
 SHARED_FRACTION = 0.22
@@ -59,15 +59,20 @@ class ModelSize(NamedTuple):
 
 
 PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
-    # gpt-oss model card: 117B with 5.1B active; 21B with 3.6B active.
-    (re.compile(r"gpt-oss-120b", re.I), ModelSize(117.0, 5.1)),
-    (re.compile(r"gpt-oss-20b", re.I), ModelSize(21.0, 3.6)),
+    # gpt-oss model card: 117B with 5.1B active; 21B with 3.6B active (also spelled
+    # gpt_oss_120b, or gpt-oss:120b as an Ollama-style tag).
+    (re.compile(r"gpt[-_ ]?oss[-_: ]?120b", re.I), ModelSize(117.0, 5.1)),
+    (re.compile(r"gpt[-_ ]?oss[-_: ]?20b", re.I), ModelSize(21.0, 3.6)),
     # Llama 4 model card: 17B activated of 109B (Scout, 16 experts), of 400B (Maverick).
     (re.compile(r"llama-4-scout", re.I), ModelSize(109.0, 17.0)),
     (re.compile(r"llama-4-maverick", re.I), ModelSize(400.0, 17.0)),
-    # DeepSeek model cards: V3 and R1 671B with 37B activated; V2 236B with 21B;
-    # V2-Lite 15.7B with 2.4B. R1's distilled models are dense and name their size.
-    (re.compile(r"deepseek-(?:v3|r1)(?!.*distill)", re.I), ModelSize(671.0, 37.0)),
+    # DeepSeek model cards: V3, R1 and Prover-V2-671B (V3's base) 671B with 37B
+    # activated; V2 236B with 21B; V2-Lite 15.7B with 2.4B. R1's distilled models are
+    # dense and name their size (a size that is not 671B: PUBLISHED_MATCH).
+    (
+        re.compile(r"deepseek-(?:v3|r1|prover-v2-671b)(?!.*distill)", re.I),
+        ModelSize(671.0, 37.0),
+    ),
     (re.compile(r"deepseek-v2(?:\.5)?-lite", re.I), ModelSize(15.7, 2.4)),
     (re.compile(r"deepseek-v2(?!.*lite)", re.I), ModelSize(236.0, 21.0)),
     # Kimi K2 model card: 1 trillion in all, 32B activated.
@@ -75,9 +80,21 @@ PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
     # GLM-4.5 model card: 355B with 32B active; GLM-4.5-Air 106B with 12B.
     (re.compile(r"glm-4\.5-air", re.I), ModelSize(106.0, 12.0)),
     (re.compile(r"glm-4\.5(?!.*air)(?!v)", re.I), ModelSize(355.0, 32.0)),
+    # OLMoE model card: 6.9B in all, 1.3B active, named active size first (1B-7B).
+    (re.compile(r"olmoe-1b-7b", re.I), ModelSize(6.9, 1.3)),
 )
 """Mixtures whose names do not state both sizes, with their model cards' figures: the
-first pattern found in a name wins."""
+first pattern found in a name wins, unless the name states a size that is neither of
+its figures (:data:`PUBLISHED_MATCH`)."""
+
+PUBLISHED_MATCH = 0.1
+"""How far, relative, a size a name states may be from its family's published total or
+active size and still be that model (``gpt-oss-120b`` is 117B): a name that states
+another size is another model named after the family (``DeepSeek-R1-0528-Qwen3-8B``, a
+dense 8B distilled from DeepSeek-R1), read by the size rule."""
+ROUNDED_B = 0.5
+"""The same, absolute, in billions: a size rounded to a whole billion (OLMoE's ``1B``
+is 1.3B)."""
 
 
 def hints_from_model_name(name: str | None) -> ModelSize | None:
@@ -92,8 +109,15 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
     """
     if not name:
         return None
+    stated = _plain_sizes(name)
     for pattern, published in PUBLISHED_SIZES:
-        if pattern.search(name):
+        if pattern.search(name) and all(
+            any(
+                abs(size - figure) <= max(PUBLISHED_MATCH * figure, ROUNDED_B)
+                for figure in published
+            )
+            for size in stated
+        ):
             return published
     if EXPERT_COUNT.search(name):
         return None
@@ -107,27 +131,34 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
         total = shared + experts * (base - shared)
         active = shared + min(experts, EXPERTS_PER_TOKEN) * (base - shared)
         return ModelSize(round(total, 3), round(min(active, total), 3))
-    # Sizes outside a mixture or an active-parameter token.
-    masked = ACTIVE.sub(" ", name)
-    sizes = []
-    for match in PLAIN.finditer(masked):
-        value = float(match.group(1))
-        if match.group(2) in "mM":
-            if value < SMALLEST_MILLIONS:
-                continue
-            value /= 1000.0
-        if 0.0 < value <= LARGEST_BILLIONS:
-            sizes.append(value)
-    if not sizes:
+    if not stated:
         return None
-    total = max(sizes)
-    active_match = ACTIVE.search(name)
+    total = max(stated)
     active = total
+    active_match = ACTIVE.search(name)
     if active_match is not None:
-        stated = float(active_match.group(1))
-        if 0.0 < stated <= total:
-            active = stated
+        given = _billions(active_match.group(1), active_match.group(2))
+        if given is not None and given <= total:
+            active = given
     return ModelSize(total, active)
+
+
+def _billions(number: str, unit: str) -> float | None:
+    """A stated size in billions (``M``: millions), or None where it is no model size (a
+    context length such as ``1M``, or beyond :data:`LARGEST_BILLIONS`)."""
+    value = float(number)
+    if unit in "mM":
+        if value < SMALLEST_MILLIONS:
+            return None
+        value /= 1000.0
+    return value if 0.0 < value <= LARGEST_BILLIONS else None
+
+
+def _plain_sizes(name: str) -> list[float]:
+    """The sizes a name states outside an active-parameter token (``A3B``, ``a800m``)."""
+    masked = ACTIVE.sub(" ", name)
+    found = (_billions(match.group(1), match.group(2)) for match in PLAIN.finditer(masked))
+    return [size for size in found if size is not None]
 
 
 NAME_SETTLE_OBSERVATIONS = 3

@@ -129,3 +129,25 @@ def test_a_mixture_whose_name_hides_a_size_gets_its_published_sizes(
     # Read by the size rule these would be dense (gpt-oss-120b: 120B active, 23 times
     # the 5.1B each token reads) or have no hint at all.
     assert hints_from_model_name(name) == ModelSize(params_b, active_params_b)
+
+
+@pytest.mark.parametrize(
+    ("name", "params_b", "active_params_b"),
+    [
+        # A distilled model named after its teacher states its own, dense size.
+        ("deepseek-ai/DeepSeek-R1-0528-Qwen3-8B", 8.0, 8.0),
+        ("deepseek-r1:70b", 70.0, 70.0),  # an Ollama-style tag of the Llama-70B distill
+        # The same families, spelled with other separators, are still the mixtures.
+        ("gpt-oss:120b", 117.0, 5.1),
+        ("gpt_oss_120b", 117.0, 5.1),
+        ("deepseek-r1:671b", 671.0, 37.0),  # the name's size is the published total
+        # Mixtures whose names state one size or state it otherwise.
+        ("ibm-granite/granite-3.0-3b-a800m-instruct", 3.0, 0.8),  # active in millions
+        ("allenai/OLMoE-1B-7B-0924-Instruct", 6.9, 1.3),  # active size first
+        ("deepseek-ai/DeepSeek-Prover-V2-671B", 671.0, 37.0),  # DeepSeek-V3's base
+    ],
+)
+def test_a_name_is_never_priced_as_another_model(
+    name: str, params_b: float, active_params_b: float
+) -> None:
+    assert hints_from_model_name(name) == ModelSize(params_b, active_params_b)
