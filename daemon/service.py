@@ -863,8 +863,7 @@ def simulated_run(
         raise ValueError("the simulated workload has no requests")
     safety = safety or SafetySettings()
     simulation = PlantSimulation(workload, plant, seed=seed)
-    last_arrival = workload[-1].arrival_time_s
-    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    horizon = plant.run_horizon_s(workload) if horizon_s is None else float(horizon_s)
     node = SimulatedNode(simulation, clock, horizon_s=horizon)
     gpus = plant.tensor_parallel
     backends = [SimulatedBackend(node, label=str(i), share=1.0 / gpus) for i in range(gpus)]

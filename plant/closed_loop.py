@@ -52,8 +52,9 @@ def simulate(
     A controller that sets a power cap (:class:`~gpugov.plant.types.PowerCapping`) has its
     ``requested_power_cap_w`` applied after each decision.
 
-    The run ends when every request has finished, or at ``horizon_s`` (default: last
-    arrival plus ``plant.drain_timeout_s``); requests unfinished then are censored.
+    The run ends when every request has finished, or at ``horizon_s`` (default:
+    :meth:`ServingPlant.run_horizon_s`, the drain timeout after the last arrival or the
+    last SLO deadline); requests unfinished then are censored.
     ``on_progress(time_s, simulation)``, when given, is called at the first control tick
     at or after every ``progress_every_s`` simulated seconds (the plant itself never
     prints; a CLI turns the call into a progress line).
@@ -72,8 +73,7 @@ def simulate(
         raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
     simulation = PlantSimulation(workload, plant, scheduler, seed=seed)
     requests = simulation.requests
-    last_arrival = requests[-1].arrival_time_s if requests else 0.0
-    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    horizon = plant.run_horizon_s(requests) if horizon_s is None else float(horizon_s)
     if horizon <= 0.0:
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     name = controller_name or _controller_name(controller)

@@ -607,9 +607,7 @@ def simulate_disaggregated(
         raise ValueError(f"control_period_s must be positive, got {control_period_s!r}")
     simulation = DisaggregatedSimulation(workload, plant, seed=seed, view=view)
     requests = simulation.requests
-    last_arrival = requests[-1].arrival_time_s if requests else 0.0
-    drain = max(plant.prefill.plant.drain_timeout_s, plant.decode.plant.drain_timeout_s)
-    horizon = last_arrival + drain if horizon_s is None else float(horizon_s)
+    horizon = plant.run_horizon_s(requests) if horizon_s is None else float(horizon_s)
     if horizon <= 0.0:
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     names = {
@@ -675,8 +673,7 @@ def simulate_colocated_replicas(
     observers = [
         engine.observe if view is None else view(engine, "colocated") for engine in engines
     ]
-    last_arrival = requests[-1].arrival_time_s if requests else 0.0
-    horizon = last_arrival + plant.drain_timeout_s if horizon_s is None else float(horizon_s)
+    horizon = plant.run_horizon_s(requests) if horizon_s is None else float(horizon_s)
     if horizon <= 0.0:
         raise ValueError(f"horizon_s must be positive, got {horizon!r}")
     names = [_controller_name(c) for c in controllers]

@@ -23,14 +23,14 @@ can be overridden.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpugov.plant.plant import ServingPlant
+from gpugov.plant.plant import ServingPlant, run_horizon_s
 from gpugov.plant.profile import PerformanceProfile
 from gpugov.plant.scheduler import chunked_prefill_scheduler
-from gpugov.plant.types import Scheduler
+from gpugov.plant.types import Request, Scheduler
 
 ROLES = ("prefill", "decode")
 """The pools of a disaggregated layout, in the order the loop serves them."""
@@ -186,6 +186,18 @@ class DisaggregatedPlant:
         if role == "decode":
             return self.decode
         raise ValueError(f"unknown pool role {role!r}; expected one of {ROLES}")
+
+    def run_horizon_s(self, requests: Sequence[Request]) -> float:
+        """Where a run of ``requests`` ends by default: the longer pool's drain timeout
+        after the last arrival, or the request-level SLO's last deadline where later
+        (:func:`~gpugov.plant.plant.run_horizon_s`)."""
+        drain = max(self.prefill.plant.drain_timeout_s, self.decode.plant.drain_timeout_s)
+        return run_horizon_s(
+            requests,
+            drain,
+            self.prefill.plant.profile.ttft_slo_for,
+            self.decode.plant.profile.tpot_slo_s,
+        )
 
     def describe(self) -> dict[str, Any]:
         """JSON-able parameters for result metadata."""

@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from gpugov.plant.profile import DEFAULT_MAX_BATCH_SIZE, PerformanceProfile
+from gpugov.plant.types import Request
 
 
 def board_power_limit_w(profile: PerformanceProfile) -> float:
     """The board power limit a plant of ``profile`` has: its manifest's ``power_limit_w``,
     700 W where it states none."""
     return float(profile.manifest.get("power_limit_w", 700.0))
+
+
+def run_horizon_s(
+    requests: Sequence[Request],
+    drain_timeout_s: float,
+    ttft_slo_for: Callable[[float], float],
+    tpot_slo_s: float,
+) -> float:
+    """Where a run of ``requests`` ends by default: ``drain_timeout_s`` after the last
+    arrival, or later where a request's SLO deadline (its TTFT SLO, then each further
+    token at the TPOT SLO) falls later, so that no request is censored as a miss before
+    it could have missed (a board whose TTFT SLO is longer than the drain timeout)."""
+    if not requests:
+        return drain_timeout_s
+    last = max(r.arrival_time_s for r in requests)
+    deadline = max(
+        r.arrival_time_s + ttft_slo_for(r.prompt_tokens) + (r.output_tokens - 1) * tpot_slo_s
+        for r in requests
+    )
+    return max(last + drain_timeout_s, deadline)
 
 
 @dataclass(frozen=True)
@@ -121,6 +143,13 @@ class ServingPlant:
     def with_overrides(self, **overrides: Any) -> ServingPlant:
         """A copy with some parameters changed (validated)."""
         return replace(self, **overrides)
+
+    def run_horizon_s(self, requests: Sequence[Request]) -> float:
+        """Where a run of ``requests`` on this plant ends by default (:func:`run_horizon_s`)."""
+        profile = self.profile
+        return run_horizon_s(
+            requests, self.drain_timeout_s, profile.ttft_slo_for, profile.tpot_slo_s
+        )
 
     def describe(self) -> dict[str, Any]:
         """JSON-able parameters for result metadata."""

@@ -158,7 +158,7 @@ def run_segments(
     offset = 0.0
     for workload, plant, name in segments:
         simulation = PlantSimulation(workload, plant, seed=seed)
-        horizon = simulation.requests[-1].arrival_time_s + plant.drain_timeout_s
+        horizon = plant.run_horizon_s(simulation.requests)
         step = 0
         while True:
             tick = step * control_period_s

@@ -369,12 +369,11 @@ def pool_window_oracle(
         prefill_profile.realized_clock(continuation[0]),
         decode_profile.realized_clock(continuation[1]),
     )
-    drain = max(layout.pool(role).plant.drain_timeout_s for role in ROLES)
     settings = _PoolSearch(
         window_steps=window_steps,
         lookahead_steps=int(math.ceil(lookahead_s / control_period_s - 1e-9)),
         control_period_s=float(control_period_s),
-        horizon_s=requests[-1].arrival_time_s + drain,
+        horizon_s=layout.run_horizon_s(requests),
         clocks_mhz={role: profiles[role].clock_mhz for role in ROLES},
         continuation={
             role: profiles[role].clock_index(c) for role, c in zip(ROLES, continuation, strict=True)

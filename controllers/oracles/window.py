@@ -552,7 +552,7 @@ def window_oracle(
         window_steps=window_steps,
         lookahead_steps=int(math.ceil(lookahead_s / control_period_s - 1e-9)),
         control_period_s=float(control_period_s),
-        horizon_s=requests[-1].arrival_time_s + plant.drain_timeout_s,
+        horizon_s=plant.run_horizon_s(requests),
         continuation_index=continuation_index,
         coarse=coarse_levels_of(levels, coarse_levels),
         neighbour_steps=tuple(int(s) for s in neighbour_steps),

@@ -358,6 +358,25 @@ def test_censoring_at_horizon(plant) -> None:  # type: ignore[no-untyped-def]
     assert all(r.finish_time_s is None for r in result.request_records)
 
 
+def test_default_horizon_waits_for_an_slo_longer_than_the_drain_timeout() -> None:
+    """A run ends at the drain timeout after the last arrival only where every request's
+    SLO deadline has passed by then: on a board whose TTFT SLO is longer, a queue still
+    draining within its SLO is served, not censored as misses."""
+    profile = replace(make_profile(), ttft_slo_s=3000.0, tpot_slo_s=10.0)
+    plant = make_plant(profile, drain_timeout_s=1.0)
+    workload = tuple(Request(i, 0.0, 4000, 300) for i in range(8))
+    assert plant.run_horizon_s(workload) == pytest.approx(3000.0 + 299 * 10.0)
+    result = simulate(workload, plant, chunked_prefill_scheduler, fixed_clock_controller(345.0))
+    assert result.metrics.censored_requests == 0
+    assert result.metrics.completed_requests == len(workload)
+    assert result.metrics.slo_attainment == 1.0
+    # Where the deadlines pass first, the drain timeout still ends the run.
+    quick = make_plant(drain_timeout_s=1.0)
+    assert quick.run_horizon_s(workload) == pytest.approx(
+        max(1.0, quick.profile.ttft_slo_for(4000) + 299 * quick.profile.tpot_slo_s)
+    )
+
+
 def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-untyped-def]
     result = simulate(
         sparse_workload(3),
