@@ -866,7 +866,11 @@ value (and any other) says nothing."""
 
 def page_role(series: Series) -> str | None:
     """The pool role the page's labels state (:data:`ROLE_LABELS`), or None when they
-    state none or disagree with each other (a page that mixes roles)."""
+    state none or disagree with each other (a page that mixes prefill and decode).
+
+    ``colocated`` (SGLang's ``unified``) beside one pool role is that pool: SGLang
+    releases write ``unified`` in every mode, so behind a Dynamo prefill worker it says
+    nothing against the worker's ``prefill``."""
     roles: set[str] = set()
     for rows in series.values():
         for labels, _ in rows:
@@ -874,6 +878,8 @@ def page_role(series: Series) -> str | None:
                 value = labels.get(label)
                 if value is not None and value in meaning:
                     roles.add(meaning[value])
+    if len(roles) == 2 and "colocated" in roles:
+        roles.discard("colocated")
     return roles.pop() if len(roles) == 1 else None
 
 

@@ -84,6 +84,24 @@ def test_unknown_or_mixed_role_labels_state_none() -> None:
     assert SglangSource("x", fetch=lambda url, t: unified).scrape().role == "colocated"
 
 
+def test_a_pool_role_beside_unified_is_the_pools() -> None:
+    """SGLang releases that write ``engine_type="unified"`` in every mode, behind a Dynamo
+    prefill worker: the worker's component states the pool, ``unified`` nothing against
+    it (a pool label and ``unified`` are no two roles)."""
+    worker = (
+        "# TYPE dynamo_component_requests_total counter\n"
+        'dynamo_component_requests_total{dynamo_component="prefill",'
+        'dynamo_endpoint="generate",dynamo_namespace="dynamo"} 12\n'
+    )
+    page = worker + fixture_text("sglang_ranks_synthetic.txt")
+    sample = ScrapedSource("x", "auto", fetch=lambda url, t: page).scrape()
+    assert sample.role == "prefill"
+    decode = page.replace('dynamo_component="prefill"', 'dynamo_component="decode"')
+    assert ScrapedSource("x", "auto", fetch=lambda url, t: decode).scrape().role == "decode"
+    both = page.replace('engine_type="unified"', 'engine_type="decode"', 1)
+    assert ScrapedSource("x", "auto", fetch=lambda url, t: both).scrape().role is None
+
+
 # ------------------------------------------------------------------------ config
 def test_role_config_default_and_bad_value() -> None:
     domain = {"name": "p", "gpus": [0]}
