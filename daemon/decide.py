@@ -409,7 +409,10 @@ def _power_profile(
     spec: PowerProfileControllerConfig, context: ControllerContext
 ) -> ClockController:
     """The preset of ``spec``: its own ceiling and cap, else calibrated on its profile (in a
-    simulation, default the simulated profile, as a vendor calibrates per GPU and model)."""
+    simulation, default the simulated profile, as a vendor calibrates per GPU and model).
+    A calibrated cap is the profile's domain power: on a domain of another GPU count it is
+    scaled to the domain's GPUs (a 1-GPU profile's cap on a TP8 domain held it at an
+    eighth of its power)."""
     from gpugov.controllers.peers.power_profile import (
         PowerProfileController,
         calibrate_power_profile,
@@ -436,7 +439,9 @@ def _power_profile(
             profile = load_profile(spec.profile)
         except ProfileError as error:
             raise ControllerError(f"power-profile: {error}") from error
-    return PowerProfileController.from_preset(calibrate_power_profile(profile, **fraction))
+    preset = calibrate_power_profile(profile, **fraction)
+    gpus = context.plant.tensor_parallel if context.plant is not None else context.gpu_count
+    return PowerProfileController(preset.ceiling_mhz, preset.cap_w * gpus / profile.tensor_parallel)
 
 
 def _set_fields(spec: Any, *, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -479,8 +484,24 @@ def profile_fit_warnings(
     supported clock below it, so the MPC's model of that clock's latency is wrong and a
     planned 1,700 MHz may run at 1,000), one for a TP degree other than the domain's GPU
     count (the profile's rates and powers are another domain's). No clocks (the GPUs not
-    read: ``check-config --offline``) give the TP line alone. Empty for other kinds and for
-    a profile that does not load (the controller's build refuses it)."""
+    read: ``check-config --offline``) give the TP line alone. A ``power-profile``
+    calibrated on a profile of another TP degree gets one line saying its cap is scaled.
+    Empty for other kinds and for a profile that does not load (the build refuses it)."""
+    if isinstance(spec, PowerProfileControllerConfig) and spec.profile is not None:
+        from gpugov.plant import load_profile
+        from gpugov.plant.profile import ProfileError
+
+        try:
+            tp = load_profile(spec.profile).tensor_parallel
+        except ProfileError:
+            return []
+        if tp == gpu_count:
+            return []
+        return [
+            f"power-profile profile {spec.profile!r} describes a domain of {tp} GPU(s) "
+            f"(tensor_parallel), this domain has {gpu_count}: its calibrated cap is scaled "
+            f"by {gpu_count}/{tp}"
+        ]
     if not isinstance(spec, MPCControllerConfig):
         return []
     from gpugov.plant import load_profile

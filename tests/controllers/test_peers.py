@@ -388,3 +388,26 @@ def test_power_profile_on_a_node_needs_a_preset_or_a_profile() -> None:
     chain = build_controller(preset, context)
     assert chain(obs()) == 1500.0
     assert chain.requested_power_cap_w == 400.0  # the chain passes the cap through
+
+
+def test_power_profile_cap_is_scaled_to_the_domain_gpu_count() -> None:
+    """A preset calibrated on a 1-GPU profile, run on an 8-GPU domain, caps the domain at
+    eight GPUs' share (it capped all eight at one GPU's power); on a profile of the
+    domain's own TP degree the cap is the calibrated one."""
+    from gpugov.daemon.decide import profile_fit_warnings
+    from gpugov.plant import load_profile
+
+    one = load_profile("h100-sxm-llama3-8b")
+    eight = load_profile("h100-sxm-llama3-70b-tp8")
+    assert (one.tensor_parallel, eight.tensor_parallel) == (1, 8)
+    for profile, expected_scale in ((one, 8.0), (eight, 1.0)):
+        spec = PowerProfileControllerConfig(kind="power-profile", profile=profile.name)
+        context = ControllerContext(
+            period_s=1.0, supported_clocks_mhz=tuple(profile.clock_mhz), gpu_count=8
+        )
+        chain = build_controller(spec, context)
+        cap = calibrate_power_profile(profile).cap_w
+        assert chain.requested_power_cap_w == pytest.approx(cap * expected_scale)
+        warnings = profile_fit_warnings(spec, tuple(profile.clock_mhz), 8)
+        assert len(warnings) == (1 if expected_scale != 1.0 else 0)
+        assert all("scaled by 8/1" in line for line in warnings)
