@@ -796,9 +796,10 @@ def detect_engine(series_names: Iterable[str]) -> EngineKind | None:
 
 def detect_engine_on_page(text: str) -> EngineKind | None:
     """:func:`detect_engine` of a page's sample lines, each prefix one regex search of
-    the text (a page of millions of lines is not split into a list of them)."""
+    the text (a page of millions of lines is not split into a list of them); a line's
+    leading blanks are no part of it, as the exposition format has it."""
     for prefix, kind in ENGINE_PREFIXES:
-        if re.search(rf"(?m)^{re.escape(prefix)}", text):
+        if re.search(rf"(?m)^[ \t]*{re.escape(prefix)}", text):
             return kind
     return None
 

@@ -43,7 +43,8 @@ def sample_name(line: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _line_selector(wanted: frozenset[str] | None) -> re.Pattern[str]:
-    """A regex matching ``"\\n" + line`` for lines that start with a wanted sample name.
+    """A regex matching ``"\\n" + line`` for lines that start with a wanted sample name,
+    after any blanks (the exposition format ignores a line's leading whitespace).
 
     The names' common prefix (``vllm:``, ``sglang:``) is a literal the regex engine can
     search for, which makes the scan several times faster than a per-line Python loop.
@@ -53,7 +54,7 @@ def _line_selector(wanted: frozenset[str] | None) -> re.Pattern[str]:
     ordered = sorted(wanted, key=len, reverse=True)
     prefix = os.path.commonprefix(ordered)  # noqa: RUF071 - a string prefix is meant
     names = "|".join(re.escape(name[len(prefix) :]) for name in ordered)
-    return re.compile(rf"\n{re.escape(prefix)}(?:{names})(?=[{{ \t])[^\n]*")
+    return re.compile(rf"\n[ \t]*{re.escape(prefix)}(?:{names})(?=[{{ \t])[^\n]*")
 
 
 SeriesCache = dict[str, tuple[str, dict[str, str]]]

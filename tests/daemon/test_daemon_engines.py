@@ -1075,7 +1075,7 @@ def test_the_engine_is_detected_from_the_page_without_splitting_it() -> None:
     assert detect_engine_on_page("up 1\nsglang:num_running_reqs 1\n") == "sglang"
     assert detect_engine_on_page("tgi_queue_size 1\nvllm:x 1\n") == "vllm"
     assert detect_engine_on_page("tgi_queue_size 1\r\n") == "tgi"
-    assert detect_engine_on_page(" vllm:x 1\n") is None  # as sample_name reads it
+    assert detect_engine_on_page(" \tvllm:x 1\n") == "vllm"  # leading blanks are ignored
     for name in ("vllm_v1_real.txt", "vllm_dp2_synthetic.txt"):
         assert detect_engine_on_page(fixture_text(name)) == "vllm"
 
@@ -1394,3 +1394,17 @@ def test_a_kv_capacity_derived_above_any_engine_is_not_known() -> None:
     assert sample.kv_capacity_tokens is None
     whole = SglangSource("x", fetch=lambda u, t: fixture_text("sglang_pd_decode_synthetic.txt"))
     assert whole.scrape().kv_capacity_tokens == pytest.approx(60000.0 / 0.41)
+
+
+@pytest.mark.parametrize("indent", [" ", "\t", "  \t"])
+def test_sample_lines_with_leading_whitespace_are_read(
+    metrics_server: MetricsServer, indent: str
+) -> None:
+    # The exposition format ignores a line's leading whitespace (a proxy that re-indents
+    # a page): such a page was "no vllm:, sglang: or tgi_ metrics on the page", and on a
+    # detected engine its indented lines were passed over unread.
+    lines = fixture_text("vllm_dp2_synthetic.txt").splitlines()
+    plain = VllmSource("x", fetch=lambda url, t: "\n".join(lines) + "\n").scrape()
+    metrics_server.page = "\n".join(indent + line for line in lines) + "\n"
+    sample = ScrapedSource(metrics_server.url, "auto", timeout_s=2.0).scrape()
+    assert sample == plain
