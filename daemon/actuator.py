@@ -8,7 +8,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -58,6 +58,14 @@ HUNG_THEN = (
     "nothing more is written to this GPU until that call returns, then the clock wanted then is"
 )
 """What the first line of a hung clock write says happens next."""
+
+
+def _one_clock(locks: Iterable[int | None]) -> int | None:
+    """The clock all of ``locks`` hold, or None: none is locked, a lock's clock is
+    unknown, or they differ."""
+    values = set(locks)
+    value = values.pop() if len(values) == 1 else None
+    return None if value == _UNKNOWN else value
 
 
 def _raise(error: Exception) -> None:
@@ -203,11 +211,19 @@ class ClockActuator:
     @property
     def applied_mhz(self) -> int | None:
         """The clock every GPU of the domain is locked to, or None (unlocked or mixed)."""
-        values = set(self.locked_mhz.values())
-        if len(values) == 1:
-            value = values.pop()
-            return None if value in (None, _UNKNOWN) else value
-        return None
+        return _one_clock(self.locked_mhz.values())
+
+    @property
+    def governed_mhz(self) -> int | None:
+        """The clock every GPU gpugov still governs (the yielded ones aside) is locked to,
+        or None: the clock the exporter shows as applied."""
+        return _one_clock(m for label, m in self.locked_mhz.items() if label not in self.yielded)
+
+    @property
+    def holds_lock(self) -> bool:
+        """Whether a GPU holds a lock of gpugov's, or may hold one (a write failed half
+        way): the exporter's ``gpugov_clock_locked``, whatever clocks the GPUs hold."""
+        return any(mhz is not None for mhz in self.locked_mhz.values())
 
     @property
     def hanging_writes(self) -> tuple[str, ...]:

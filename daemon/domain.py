@@ -443,7 +443,8 @@ class Domain:
             gpus=observed.gpu_samples if observed else (),
             observation=observed.observation if observed else None,
             requested_mhz=self.last_requested_mhz,
-            applied_mhz=self.actuator.applied_mhz,
+            applied_mhz=self.actuator.governed_mhz,
+            clock_locked=self.actuator.holds_lock,
             failsafe=(
                 self.failsafe_active
                 or self.controller_failures > 0

@@ -108,6 +108,10 @@ class DomainSnapshot:
     lowest_mhz: float | None = None
     """The lowest clock a lock of the domain may hold (its lowest supported clock at or
     above ``safety.floor_mhz``: where an idle GPU parks), None when unknown."""
+    clock_locked: bool = False
+    """Whether gpugov holds (or, after a write that failed half way, may hold) a clock
+    lock on a GPU of the domain (``ClockActuator.holds_lock``): also when the GPUs hold
+    different clocks, or one was yielded, where ``applied_mhz`` is None."""
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,7 @@ class SnapshotCollector(Collector):
                 requested.add_metric(keyc, s.requested_mhz * MHZ)
             if s.applied_mhz is not None:
                 applied.add_metric(key, s.applied_mhz * MHZ)
-            locked.add_metric(key, 0.0 if s.applied_mhz is None else 1.0)
+            locked.add_metric(key, 1.0 if s.clock_locked else 0.0)
             if s.lowest_mhz is not None:
                 lowest.add_metric(key, s.lowest_mhz * MHZ)
             if s.power_cap_applied_w is not None:

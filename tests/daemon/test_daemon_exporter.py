@@ -7,13 +7,24 @@ import shutil
 import subprocess
 import urllib.request
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
+from daemon_support import MetricsServer, run_ticks
+from fake_pynvml import FakeNvml
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpugov.daemon.backend import GpuSample
-from gpugov.daemon.exporter import DomainSnapshot, Exporter, LoopSnapshot, SolveHistogram
+from gpugov.daemon.config import parse_config
+from gpugov.daemon.exporter import (
+    DomainSnapshot,
+    Exporter,
+    LoopSnapshot,
+    SnapshotCollector,
+    SolveHistogram,
+)
+from gpugov.daemon.service import domains_from_config
 from gpugov.plant.types import ServingObservation
 
 UNIT_SUFFIXES = ("_watts", "_joules", "_celsius", "_hertz", "_seconds", "_ratio", "_requests")
@@ -61,6 +72,7 @@ def _snapshot() -> DomainSnapshot:
         observation=observation,
         requested_mhz=1410.0,
         applied_mhz=1410.0,
+        clock_locked=True,
         failsafe=False,
         engine_age_s=0.0,
         engine_scrape_s=0.002,
@@ -265,3 +277,57 @@ def test_health_allows_three_periods_of_a_slow_loop_and_the_start() -> None:
     now[0] += 20.0
     alive, line = exporter.health()
     assert not alive and line.startswith("stalled: no control tick for 190 s"), line
+
+
+def _lock_gauges(snapshot: DomainSnapshot) -> dict[str, float]:
+    """``gpugov_clock_locked`` and ``gpugov_applied_clock_hertz`` as a scrape shows them."""
+    collector = SnapshotCollector()
+    collector.publish([snapshot], LoopSnapshot())
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+        if sample.name in ("gpugov_clock_locked", "gpugov_applied_clock_hertz")
+    }
+
+
+def test_a_domain_still_locked_after_one_gpu_was_yielded_is_shown_locked(
+    vllm_server: MetricsServer,
+) -> None:
+    """With ``external_clock_policy = "yield"``, one GPU of two changed by someone else is
+    left alone; gpugov still holds the other's lock, so the domain is locked at that clock
+    (it was shown unlocked, ``gpugov_clock_locked 0``, with no applied clock)."""
+    fake = FakeNvml(2)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "external_clock_policy": "yield",
+                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    seen: dict[int, dict[str, float]] = {}
+
+    def on_step(step: int, records: list[Any]) -> None:
+        seen[step] = _lock_gauges(domain.snapshot())
+        if step == 1:
+            fake.nvmlDeviceResetGpuLockedClocks(fake.gpus[1])  # nvidia-smi -rgc -i 1
+        if step == 5:
+            assert domain.actuator.yielded == {"1"} and fake.locked(0) == (1410, 1410)
+
+    try:
+        run_ticks([domain], 6, on_step=on_step)
+    finally:
+        assembled.close()
+    locked = {"gpugov_clock_locked": 1.0, "gpugov_applied_clock_hertz": 1410e6}
+    assert seen[1] == locked and seen[5] == locked

@@ -136,6 +136,7 @@ def full_snapshot() -> DomainSnapshot:
         observation=observation,
         requested_mhz=1410.0,
         applied_mhz=1410.0,
+        clock_locked=True,
         failsafe=False,
         engine_age_s=0.1,
         engine_scrape_s=0.002,
