@@ -21,7 +21,9 @@ Some mixtures' names state only one of their two sizes, or none: ``gpt-oss-120b`
 109 in all. Read by the rule above they would be priced as dense models, wrong by up to
 twenty times in the parameters each token reads. Those families' published sizes come
 from :data:`PUBLISHED_SIZES` first; any other name with an ``NE`` experts count states
-its active size only and gives None.
+its active size only and gives None, and so does a name that says ``MoE`` but states
+one size with no ``A`` active size (``deepseek-moe-16b`` is 16.4 billion with 2.8 active,
+``LLaMA-MoE-3.5B`` 6.7 with 3.5).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ SMALLEST_MILLIONS = 50.0
 LARGEST_BILLIONS = 10_000.0
 EXPERT_COUNT = re.compile(r"(?<![A-Za-z0-9.])\d{1,4}[eE](?![A-Za-z0-9])")
 """An ``NE`` experts count (Llama 4's ``17B-16E``): the size beside it is the active one."""
+MIXTURE_MARK = re.compile(r"moe", re.I)
+"""A name that says it is a mixture of experts (``deepseek-moe-16b``, ``JetMoE-8B``,
+``LLaMA-MoE-3.5B``): a size it states alone may be the total or the active one."""
 
 
 class ModelSize(NamedTuple):
@@ -103,9 +108,9 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
     A family in :data:`PUBLISHED_SIZES` gets its published sizes. ``8x7B`` counts as a
     mixture (:data:`SHARED_FRACTION`, :data:`EXPERTS_PER_TOKEN`); ``A3B`` sets the
     active parameters of the total a plain size gives (an ``A`` size with no total, or a
-    size beside an ``NE`` experts count, is ambiguous: None). Several plain sizes: the
-    largest (a distilled ``...-Llama-70B`` names its own size last, but a name never
-    lists a smaller model than the one served).
+    size beside an ``NE`` experts count, or in a name that says ``MoE``, is ambiguous:
+    None). Several plain sizes: the largest (a distilled ``...-Llama-70B`` names its own
+    size last, but a name never lists a smaller model than the one served).
     """
     if not name:
         return None
@@ -131,11 +136,11 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
         total = shared + experts * (base - shared)
         active = shared + min(experts, EXPERTS_PER_TOKEN) * (base - shared)
         return ModelSize(round(total, 3), round(min(active, total), 3))
-    if not stated:
+    active_match = ACTIVE.search(name)
+    if not stated or (active_match is None and MIXTURE_MARK.search(name)):
         return None
     total = max(stated)
     active = total
-    active_match = ACTIVE.search(name)
     if active_match is not None:
         given = _billions(active_match.group(1), active_match.group(2))
         if given is not None and given <= total:

@@ -151,3 +151,18 @@ def test_a_name_is_never_priced_as_another_model(
     name: str, params_b: float, active_params_b: float
 ) -> None:
     assert hints_from_model_name(name) == ModelSize(params_b, active_params_b)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "deepseek-ai/deepseek-moe-16b-chat",  # 16.4B in all, 2.8B active
+        "jetmoe/jetmoe-8b",  # 8B in all, 2.2B active
+        "llama-moe/LLaMA-MoE-v1-3_5B-2_8",  # names its 3.5B active, of 6.7B
+        "Sparse-MoE-7B",
+    ],
+)
+def test_a_mixture_that_states_one_size_gives_none(name: str) -> None:
+    # Its one size may be the total or the active one: priced as a dense model of that
+    # size, a token read up to six times the parameters it does.
+    assert hints_from_model_name(name) is None
