@@ -155,6 +155,15 @@ class SnapshotCollector(Collector):
         """Metric families from the latest snapshots."""
         with self._lock:
             domains, loop = self._domains, self._loop
+        return self._families(domains, loop)
+
+    def describe(self) -> Iterator[Metric]:
+        """Every metric family, without samples: the registry learns their names, which a
+        scrape's ``name[]`` filter (``/metrics?name[]=gpugov_loop_ticks_total``) needs."""
+        return self._families((), LoopSnapshot())
+
+    def _families(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> Iterator[Metric]:
+        """The metric families of these snapshots."""
         info = InfoMetricFamily("gpugov_build", "gpugov version and Python runtime")
         info.add_metric([], {"version": __version__, "python": platform.python_version()})
         yield info

@@ -331,3 +331,19 @@ def test_a_domain_still_locked_after_one_gpu_was_yielded_is_shown_locked(
         assembled.close()
     locked = {"gpugov_clock_locked": 1.0, "gpugov_applied_clock_hertz": 1410e6}
     assert seen[1] == locked and seen[5] == locked
+
+
+def test_a_scrape_can_ask_for_some_metrics_by_name() -> None:
+    """``/metrics?name[]=...`` (prometheus_client's filter, a scrape config's ``params``)
+    serves those series only; it served nothing, the collector's names being unknown."""
+    with Exporter("127.0.0.1", 0) as exporter:
+        exporter.publish([_snapshot()], LoopSnapshot(ticks_total=6))
+        query = "?name[]=gpugov_loop_ticks_total&name[]=gpugov_gpu_power_watts"
+        with urllib.request.urlopen(exporter.url + query, timeout=5) as response:
+            page = response.read().decode()
+    samples = [s for f in text_string_to_metric_families(page) for s in f.samples]
+    assert sorted((s.name, s.labels.get("gpu"), s.value) for s in samples) == [
+        ("gpugov_gpu_power_watts", "0", 350.0),
+        ("gpugov_gpu_power_watts", "1", 300.0),
+        ("gpugov_loop_ticks_total", None, 6.0),
+    ]
