@@ -368,13 +368,26 @@ def check_outside_rows(config: BenchConfig) -> None:
 
 
 def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:
-    """``--controller`` specs, refused where the layout has no such rows."""
+    """``--controller`` specs, refused where the layout has no such rows; ``--report``
+    and ``--windows``, which shape the colocated board alone, refused on the
+    disaggregated board by itself (it would run on without them)."""
+    layout = getattr(args, "layout", "colocated")
     specs = getattr(args, "controller", None)
-    if specs and getattr(args, "layout", "colocated") != "colocated":
+    if specs and layout != "colocated":
         raise ValueError(
             "--controller: outside controllers are scored on the colocated board only "
             "(--layout colocated)"
         )
+    if layout == "disaggregated":
+        for flag, what in (
+            ("report", "the benchmark report covers the colocated board"),
+            ("windows", "held-out windows run on the colocated board"),
+        ):
+            if getattr(args, flag, None) is not None:
+                raise ValueError(
+                    f"--{flag}: {what} only; the disaggregated board writes "
+                    "disaggregated.json and .md (--layout colocated or both)"
+                )
     return specs
 
 

@@ -120,6 +120,27 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert lines and "ETA" in lines[0] and "100.0%" in lines[-1]
 
 
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [(["--report", "{tmp}/report"], "--report"), (["--windows", "2"], "--windows")],
+)
+def test_a_colocated_board_flag_is_refused_on_the_disaggregated_board(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], flag: str
+) -> None:
+    """``--report`` and ``--windows`` shape the colocated board only: with ``--layout
+    disaggregated`` they are refused in one line before any work, where the run went
+    on without them (no report written, one window)."""
+    out = tmp_path / "board"
+    board = ["bench", "controllers", "--tiny", "--layout", "disaggregated"]
+    scenario = ["--traces", "azure-conv-10min", "--duration", "8", "--out", str(out)]
+    code = main([*board, *scenario, *(a.replace("{tmp}", str(tmp_path)) for a in extra)])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"gpugov: error: {flag}: ") and "--layout colocated or both" in err
+    assert not out.exists() and not (tmp_path / "report").exists()
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_each_pool_is_judged_on_its_phase_as_a_node_with_that_role(
     plant: ServingPlant, role: str
