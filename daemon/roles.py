@@ -62,8 +62,9 @@ def role_view(observation: ServingObservation, role: str) -> ServingObservation:
     token) and its TPOT attainment counters are hidden. A decode domain is judged on
     TPOT: its TTFT (the other pool's prefill and the KV transfer) and TTFT counters are
     hidden, and it has no prompt backlog of its own (a waiting request's KV cache is
-    computed by the prefill pool). The SLO values stay (``mpc-online`` sizes its model
-    with both); a colocated observation is only stamped with its role.
+    computed by the prefill pool), in any estimate: the backlog, its tail and the busiest
+    engine's are 0 (an unknown one stays None). The SLO values stay (``mpc-online``
+    sizes its model with both); a colocated observation is only stamped with its role.
     """
     if role == "prefill":
         return dataclasses.replace(
@@ -78,6 +79,8 @@ def role_view(observation: ServingObservation, role: str) -> ServingObservation:
             observation,
             role=role,
             prefill_remaining_tokens=0.0,
+            prefill_tail_tokens=None if observation.prefill_tail_tokens is None else 0.0,
+            busiest_prefill_tokens=None if observation.busiest_prefill_tokens is None else 0.0,
             ttft_recent_s=None,
             ttft_recent_prompt_tokens=None,
             ttft_count_total=None,

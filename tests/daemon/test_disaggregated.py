@@ -159,6 +159,19 @@ def test_role_view_hides_the_objective_the_role_is_not_judged_on() -> None:
     assert role_view(_observation(), "colocated") == _observation()
 
 
+def test_a_decode_domain_sees_no_prompt_backlog_in_any_estimate() -> None:
+    """The backlog's tail estimate (a node's waiting requests at a prompt each, which
+    ``mpc-online`` plans at once the SLO budget can afford no miss) and a pool's busiest
+    engine's backlog are prompt backlog too: a decode domain computes none of them."""
+    seen = _observation(prefill_tail_tokens=9000.0, busiest_prefill_tokens=3000.0, engines=2)
+    decode = role_view(seen, "decode")
+    assert (decode.prefill_remaining_tokens, decode.prefill_tail_tokens) == (0.0, 0.0)
+    assert decode.busiest_prefill_tokens == 0.0
+    assert role_view(_observation(), "decode").prefill_tail_tokens is None  # unknown stays
+    prefill = role_view(seen, "prefill")
+    assert (prefill.prefill_tail_tokens, prefill.busiest_prefill_tokens) == (9000.0, 3000.0)
+
+
 def test_context_role_reaches_the_chain_and_the_mpc_weights() -> None:
     clocks = (600.0, 1000.0, 1410.0)
     colocated = ControllerContext(period_s=1.0, supported_clocks_mhz=clocks)
