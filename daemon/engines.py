@@ -285,6 +285,9 @@ class EngineSpec:
     """Histograms whose buckets give the TPOT attainment, per-request ones first."""
     kv_usage: tuple[str, ...] = ()
     kv_tokens: tuple[str, ...] = ()
+    kv_capacity: tuple[str, ...] = ()
+    """Gauges of the KV cache's capacity in tokens (SGLang's ``max_total_num_tokens``):
+    exact, where the capacity derived from a usage ratio the engine rounds is not."""
     info: tuple[str, ...] = ()
     request_prompt_tokens: tuple[str, ...] = ()
     """Per-request prompt-length histograms (their buckets feed the energy histogram)."""
@@ -316,6 +319,7 @@ class EngineSpec:
             self.preemptions,
             self.kv_usage,
             self.kv_tokens,
+            self.kv_capacity,
             self.info,
         ):
             names.update(group)
@@ -421,6 +425,7 @@ SGLANG = EngineSpec(
     ),
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
+    kv_capacity=("sglang:max_total_num_tokens",),
     request_prompt_tokens=("sglang:prompt_tokens_histogram", "sglang:request_prompt_tokens"),
     request_generation_tokens=(
         "sglang:generation_tokens_histogram",
@@ -475,6 +480,16 @@ def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], flo
         key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
         per_engine[key] = tokens
     return per_engine
+
+
+def _known_capacity(series: Series, spec: EngineSpec) -> float | None:
+    """The KV capacity in tokens the page's capacity gauge states (:attr:`EngineSpec.kv_capacity`,
+    summed over engines), or None: no such gauge, or a value of 0 (a cache not sized yet)
+    or above :data:`MAX_KV_TOKENS` (no count)."""
+    tokens = _first(series, spec.kv_capacity)
+    if tokens is None or not 0.0 < tokens <= MAX_KV_TOKENS:
+        return None
+    return tokens
 
 
 def _weighted_kv_tokens(
@@ -676,7 +691,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             f"{source}: impossible KV cache usage {usage!r} (a ratio above 1); scrape discarded"
         )
     capacities = _vllm_kv_capacities(series) if spec.kind == "vllm" else {}
-    capacity = sum(capacities.values()) if capacities else None
+    capacity = sum(capacities.values()) if capacities else _known_capacity(series, spec)
     kv_tokens = _first(series, spec.kv_tokens)
     if kv_tokens is not None and kv_tokens > MAX_KV_TOKENS:
         raise EngineParseError(
@@ -684,8 +699,9 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
             f"more than any engine holds, {MAX_KV_TOKENS:.0e}); scrape discarded"
         )
     if capacity is None and kv_tokens and usage:
-        # SGLang's: used tokens over their share. A share rounded near 0 beside a count
-        # made one of petabytes; above MAX_KV_TOKENS it is not known, as a vLLM page's.
+        # SGLang's without its capacity gauge: used tokens over their share, which SGLang
+        # rounds to two decimals. A share rounded near 0 beside a count made one of
+        # petabytes; above MAX_KV_TOKENS it is not known, as a vLLM page's.
         derived = kv_tokens / usage
         capacity = derived if derived <= MAX_KV_TOKENS else None
     if kv_tokens is None and usage is not None and capacity is not None:

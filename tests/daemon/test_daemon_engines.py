@@ -1408,3 +1408,40 @@ def test_sample_lines_with_leading_whitespace_are_read(
     metrics_server.page = "\n".join(indent + line for line in lines) + "\n"
     sample = ScrapedSource(metrics_server.url, "auto", timeout_s=2.0).scrape()
     assert sample == plain
+
+
+_SGLANG_CAPACITY = (
+    "# TYPE sglang:max_total_num_tokens gauge\n"
+    'sglang:max_total_num_tokens{engine_type="unified",model_name="Qwen/Qwen3-32B",'
+    'pp_rank="0",tp_rank="0"} 500000.0\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("used", "usage", "capacity_before"),
+    [
+        # SGLang publishes its usage rounded to two decimals: 3,000 of 500,000 tokens
+        # (0.006) reads 0.01, and the capacity derived from it was 300,000.
+        ("3000.0", "0.01", 300_000.0),
+        ("0.0", "0.0", None),  # an idle engine: no capacity could be derived at all
+    ],
+)
+def test_sglang_kv_capacity_is_its_max_total_num_tokens_gauge(
+    used: str, usage: str, capacity_before: float | None
+) -> None:
+    page = _gauge_set(fixture_text("sglang_v05_synthetic.txt"), "sglang:num_used_tokens", used)
+    page = _gauge_set(page, "sglang:token_usage", usage)
+    without = SglangSource("x", fetch=lambda url, t: page).scrape()
+    assert without.kv_capacity_tokens == (
+        None if capacity_before is None else pytest.approx(capacity_before)
+    )
+    with_gauge = SglangSource("x", fetch=lambda url, t: page + _SGLANG_CAPACITY).scrape()
+    assert with_gauge.kv_capacity_tokens == 500_000.0
+    assert with_gauge.kv_tokens == float(used)
+
+
+def test_an_sglang_capacity_of_zero_is_not_known() -> None:
+    page = fixture_text("sglang_v05_synthetic.txt")
+    derived = SglangSource("x", fetch=lambda url, t: page).scrape().kv_capacity_tokens
+    zero = page + _SGLANG_CAPACITY.replace("500000.0", "0.0")
+    assert SglangSource("x", fetch=lambda url, t: zero).scrape().kv_capacity_tokens == derived
