@@ -21,6 +21,7 @@ Exit codes (also in ``docs/daemon.md``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -130,7 +131,13 @@ def _run_node(args: argparse.Namespace) -> int:
     # Signals are caught from here on: one during the start (opening the GPUs,
     # reconciling, building the MPC) ends the run cleanly before the first tick.
     phase: list[str] = []  # what the start is doing, for a stop that does not wait for it
-    with _stop_on_signals(stop, received):
+    # /metrics and /healthz ("starting") answer from here, so the start may take the
+    # exporter's START_ALLOWANCE_S (the units' TimeoutStartSec=), a pod's probes seeing it.
+    with (
+        _stop_on_signals(stop, received),
+        metrics_exporter(args.metrics_address or config.daemon.metrics_address)
+        or contextlib.nullcontext() as exporter,
+    ):
         try:
             assembled = _built_unless_stopped(
                 lambda: domains_from_config(config, dry_run=dry_run, stop=stop, phase=phase),
@@ -150,7 +157,6 @@ def _run_node(args: argparse.Namespace) -> int:
                 phase[0] if phase else OPENING_GPUS,
             )
             return _stopped(received)
-        exporter = None
         recorder = None
         restore_here = True  # the finally's restore: until the loop's exit or the stop's
         advice = ResetAdvice(config.daemon.backend, args.config)
@@ -166,7 +172,6 @@ def _run_node(args: argparse.Namespace) -> int:
                 restore_here = False
                 _restore_at_start(assembled.domains, advice)  # before Ctrl-C's line says so
                 return _stopped(received)
-            exporter = metrics_exporter(args.metrics_address or config.daemon.metrics_address)
             record = args.record or config.daemon.record
             recorder = Recorder(record, assembled.header) if record else None
             mode = "dry run" if dry_run else "locking clocks"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import MetricsServer, run_ticks
+from daemon_support import MetricsServer, node_commands_on, run_ticks
 from fake_pynvml import FakeNvml
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -347,3 +351,45 @@ def test_a_scrape_can_ask_for_some_metrics_by_name() -> None:
         ("gpugov_gpu_power_watts", "1", 300.0),
         ("gpugov_loop_ticks_total", None, 6.0),
     ]
+
+
+def test_health_and_metrics_answer_while_the_start_opens_the_gpus(
+    tmp_path: Path, metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/healthz`` says "starting" while ``run`` opens its GPUs (and builds its
+    controllers), so the start may take START_ALLOWANCE_S as the units'
+    ``TimeoutStartSec=`` does, and a pod's probes see it; nothing served there until the
+    GPUs were open and reconciled. A stop during the start frees the port."""
+    import gpugov.daemon.node_cli as node_cli
+
+    node_commands_on(monkeypatch, FakeNvml(1))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = "127.0.0.1:{port}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+    )
+    real = node_cli.domains_from_config
+    seen: list[tuple[int, str]] = []
+
+    def opening(*args: Any, **kwargs: Any) -> Any:
+        for path in ("/healthz", "/metrics"):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    seen.append((r.status, r.read().decode()))
+            except OSError as error:
+                seen.append((0, str(error)))
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(node_cli, "domains_from_config", opening)
+    assert node_cli.main(["run", "--config", str(config)]) == 0
+    (health_status, health), (metrics_status, metrics) = seen
+    assert (health_status, health.split(":")[0]) == (200, "starting"), health
+    assert metrics_status == 200 and "gpugov_loop_ticks_total 0.0" in metrics
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter binds
+        again.bind(("127.0.0.1", port))  # no one listens there: closed with the run
