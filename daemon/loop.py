@@ -46,7 +46,13 @@ from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.observer import Observed
 from gpugov.daemon.sd_notify import SocketNotifier
-from gpugov.daemon.stop_signals import STOP_SIGNALS, StopEvent, off_handler, set_from_handler
+from gpugov.daemon.stop_signals import (
+    STOP_SIGNALS,
+    StopEvent,
+    off_handler,
+    set_from_handler,
+    signal_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +244,7 @@ def stop_on_signals(stop: threading.Event, received: list[str] | None = None) ->
 
     def handler(signum: int, frame: FrameType | None) -> None:
         # No lock is taken here, a log line's or the event's: see set_from_handler.
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if seen or stop.is_set():
             off_handler(
                 functools.partial(

@@ -8,7 +8,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+STOP_SIGNALS: tuple[int, ...] = tuple(
     getattr(signal, name)
     for name in (
         "SIGTERM",
@@ -23,11 +23,30 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
         "SIGXCPU",
         "SIGXFSZ",
         "SIGPOLL",
+        "SIGPWR",
+        "SIGSTKFLT",
     )
     if hasattr(signal, name)
+) + (
+    tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+    if hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX")
+    else ()
 )
 """Every catchable signal whose default action ends the process (SIGPIPE stays ignored,
-as Python leaves it): each one stops the loop and the clocks are reset."""
+as Python leaves it; the faults a crash raises, such as SIGSEGV or SIGABRT, stay the
+crash's): each one stops the loop and the clocks are reset. SIGPWR (LXC's stop of a
+container) and the real-time signals (systemd's halt in a container is SIGRTMIN+3)
+killed the daemon with its GPUs locked."""
+
+
+def signal_name(signum: int) -> str:
+    """A signal's name for a line (``SIGTERM``; a real-time one ``SIGRTMIN+3``, which
+    :class:`signal.Signals` has no member for)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        low = getattr(signal, "SIGRTMIN", None)
+        return f"signal {signum}" if low is None else f"SIGRTMIN+{signum - low}"
 
 
 class StopEvent(threading.Event):
@@ -95,4 +114,4 @@ def off_handler(function: Callable[[], object]) -> None:
         function()
 
 
-__all__ = ["STOP_SIGNALS", "StopEvent", "off_handler", "set_from_handler"]
+__all__ = ["STOP_SIGNALS", "StopEvent", "off_handler", "set_from_handler", "signal_name"]

@@ -210,9 +210,9 @@ class _StoppedBeforeTheStart(KeyboardInterrupt):
 
 
 def _stop_before_the_start(signum: int, frame: object) -> NoReturn:
-    import signal
+    from gpugov.daemon.stop_signals import signal_name
 
-    raise _StoppedBeforeTheStart(signal.Signals(signum).name)
+    raise _StoppedBeforeTheStart(signal_name(signum))
 
 
 class _GuardedStdout:

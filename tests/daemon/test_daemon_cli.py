@@ -738,7 +738,9 @@ def test_a_node_run_refuses_the_simulated_runs_flags(
     assert len(err) == 1 and flags[0] in err[0] and "only with --simulate" in err[0]
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
+@pytest.mark.parametrize(
+    "name", ["SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPWR", "SIGRTMIN+3"]
+)
 def test_a_stop_signal_before_the_daemon_handles_signals_ends_the_start_cleanly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
@@ -751,7 +753,8 @@ def test_a_stop_signal_before_the_daemon_handles_signals_ends_the_start_cleanly(
 
     from gpugov import cli
 
-    signum = getattr(signal, name)
+    base, _, offset = name.partition("+")
+    signum = int(getattr(signal, base)) + int(offset or 0)
 
     def stopped_while_importing(command: str | None = None) -> object:
         os.kill(os.getpid(), signum)

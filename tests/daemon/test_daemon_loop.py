@@ -99,12 +99,23 @@ def test_silent_outside_systemd() -> None:
     notify.stopping()
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"])
-def test_every_terminating_signal_sets_stop(name: str) -> None:
+def _signum(name: str) -> int:
+    """The number of signal ``name``; ``SIGRTMIN+N`` names a real-time signal."""
+    base, _, offset = name.partition("+")
+    return int(getattr(signal, base)) + int(offset or 0)
+
+
+@pytest.mark.parametrize(
+    "name",
+    # SIGPWR (LXC's stop of a container), SIGRTMIN+3 (systemd's halt in a container) and
+    # the other real-time signals end a process by default too.
+    ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGPWR", "SIGSTKFLT", "SIGRTMIN+3"],
+)
+def test_every_terminating_signal_sets_stop(name: str, caplog: pytest.LogCaptureFixture) -> None:
     loop = TimedLoop(1.0, clock=VirtualClock(), sleep=lambda s: None)
-    sig = getattr(signal, name)
+    sig = _signum(name)
     previous = signal.getsignal(sig)
-    with stop_on_signals(loop.stop):
+    with caplog.at_level("INFO", logger="gpugov.daemon.loop"), stop_on_signals(loop.stop):
         os.kill(os.getpid(), sig)
         assert loop.stop.is_set()
         # A repeated signal (a second Ctrl-C during the reset) must not interrupt it.
@@ -112,6 +123,7 @@ def test_every_terminating_signal_sets_stop(name: str) -> None:
         os.kill(os.getpid(), sig)
         assert loop.stop.is_set()
     assert signal.getsignal(sig) is previous
+    assert f"received {name}; stopping" in caplog.text
 
 
 _STOP_WHILE_THE_LOCK_IS_HELD = """
