@@ -37,7 +37,10 @@ def slo_so_far(simulation: Any) -> tuple[int, int]:
 
 
 class SimulationProgress:
-    """Reports a simulated run's progress against its last arrival (simulated seconds).
+    """Reports a simulated run's progress in simulated seconds: up to its last arrival, then
+    up to when the requests left are expected to finish (their output tokens left over
+    the rate the run generates them), so a run that drains a backlog for minutes after its
+    last arrival does not show 100 % and an ETA of 0 s all along.
 
     Args:
         total_s: simulated seconds the run is expected to cover (its last arrival).
@@ -66,9 +69,14 @@ class SimulationProgress:
         )
         self._last_s = 0.0
         self._detail = ""
+        self._last_arrival_s = max(total_s, 0.0)
+        self._unfinished: list[int] | None = None  # requests not yet seen finished
+        self._mark: tuple[float, int] | None = None  # (time, output tokens left) then
 
     def __call__(self, time_s: float, simulation: Any) -> None:
         """Record the simulation's state at ``time_s``; emit a line when one is due."""
+        if time_s >= self._last_arrival_s:
+            self._extend_to_drain(time_s, simulation)
         self._last_s = min(time_s, self.progress.total)
         if not self.progress.due():
             self.progress.update(self._last_s, self._detail)
@@ -76,12 +84,51 @@ class SimulationProgress:
         self._detail = self.detail(simulation)
         self.progress.update(self._last_s, self._detail)
 
+    def _extend_to_drain(self, time_s: float, simulation: Any) -> None:
+        """Past the last arrival, make the total ``time_s`` plus the output tokens the
+        unfinished requests have left over the rate they fell since the previous call (or
+        since the start); a simulation without per-request tokens keeps the total."""
+        requests = getattr(simulation, "requests", None)
+        generated = getattr(simulation, "generated_tokens", None)
+        if requests is None or generated is None:
+            return
+        _, finish = simulation.request_times()
+        if self._unfinished is None:
+            self._unfinished = list(range(len(requests)))
+        self._unfinished = [i for i in self._unfinished if finish[i] is None]
+        left = sum(max(requests[i].output_tokens - generated(i), 0) for i in self._unfinished)
+        if self._mark is None:
+            total = sum(request.output_tokens for request in requests)
+            self._mark = (0.0, total)
+        since_s, left_then = self._mark
+        if not self._unfinished:
+            self.progress.total = max(self._last_arrival_s, time_s, 1e-9)
+        elif time_s > since_s and left < left_then:
+            rate = (left_then - left) / (time_s - since_s)
+            self.progress.total = max(self._last_arrival_s, time_s + left / rate, 1e-9)
+            self._mark = (time_s, left)
+        elif self.progress.total <= time_s:
+            # No token since the previous call (a prompt still prefilling): not done yet.
+            self.progress.total = time_s + max(time_s - since_s, 1.0)
+
     @staticmethod
     def detail(simulation: Any) -> str:
         """``energy 12.3 kJ, SLO so far 98.7 % of 1,234 finished``."""
         met, done = slo_so_far(simulation)
         slo = f"{100.0 * met / done:.1f} % of {done:,} finished" if done else "n/a"
         return f"energy {simulation.energy_j / 1000.0:,.1f} kJ, SLO so far {slo}"
+
+    def _finish_at(self, end_s: float) -> None:
+        """A finished run: its total is where it ended (past the last arrival, the
+        estimate made while it drained is replaced by the end itself)."""
+        self.progress.total = max(self._last_arrival_s, end_s, 1e-9)
+        self._last_s = self.progress.total
+
+    @property
+    def total_s(self) -> float:
+        """The simulated seconds the run is now expected to cover (its last arrival, or
+        later while it drains)."""
+        return self.progress.total
 
     @property
     def reached_s(self) -> float:
@@ -97,11 +144,11 @@ class SimulationProgress:
         if simulation is not None:
             self._detail = self.detail(simulation)
             if not stopped:
-                self._last_s = self.progress.total
+                self._finish_at(getattr(simulation, "time_s", self._last_s))
         elif result is not None:
             metrics = result.metrics
             slo = metrics.slo_attainment
             shown = "n/a" if slo is None else f"{100.0 * slo:.1f} % of {metrics.arrived_requests:,}"
             self._detail = f"energy {metrics.energy_j / 1000.0:,.1f} kJ, SLO {shown}"
-            self._last_s = self.progress.total
+            self._finish_at(getattr(metrics, "simulated_duration_s", self._last_s))
         self.progress.close(self._detail, done=self._last_s)

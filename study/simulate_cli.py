@@ -233,7 +233,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         terminated = Terminated.caused(stop)
         print(
             f"{start}gpugov: {'terminated' if terminated else 'interrupted'} at "
-            f"{progress.reached_s:,.1f} of {workload[-1].arrival_time_s:,.1f} simulated s",
+            f"{progress.reached_s:,.1f} of {progress.total_s:,.1f} simulated s",
             file=sys.stderr,
         )
         return ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED

@@ -61,6 +61,31 @@ def test_simulation_progress_lines_with_an_injected_clock(plant) -> None:
     assert lines[-1].startswith("simulate: 100.0% (20/20 simulated s)")
 
 
+def test_simulation_progress_counts_the_drain_after_the_last_arrival(plant) -> None:
+    # Every request arrives at 0 s and decodes for minutes: measured against the last
+    # arrival alone, each line read 100 % and ETA 0s from the first second to the end.
+    now = [0.0]
+    stream = io.StringIO()
+    progress = SimulationProgress(0.0, "simulate", stream=stream, clock=lambda: now[0], tty=False)
+
+    def on_progress(time_s: float, simulation: Any) -> None:
+        now[0] += 4.0  # four wall seconds per call (every 10 simulated s)
+        progress(time_s, simulation)
+
+    workload = [Request(i, 0.0, 500, 6000) for i in range(4)]
+    result = simulate(workload, plant, controller=maximum_clock_controller, on_progress=on_progress)
+    progress.close(result=result)
+    shares = [float(m) for m in re.findall(r"simulate: +([\d.]+)%", stream.getvalue())]
+    end_s = result.metrics.simulated_duration_s
+    assert end_s > 30.0  # a drain of several progress lines
+    middle = shares[1:-1]
+    assert middle and all(0.0 < share < 100.0 for share in middle), stream.getvalue()
+    assert middle == sorted(middle)
+    assert shares[-1] == 100.0
+    assert f"({end_s:,.0f}/{end_s:,.0f} simulated s)" in stream.getvalue().splitlines()[-1]
+    assert progress.total_s == pytest.approx(end_s)
+
+
 def test_simulate_shows_progress_when_not_on_a_terminal(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
