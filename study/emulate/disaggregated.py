@@ -200,7 +200,6 @@ class DisaggregatedNode(EmulatedNode):
                 prefill_index=index,
             )
             self._streams[replica][index] = stream
-            self.stats[replica].prompt_tokens += prompt_tokens
             return stream
 
     def advance(self) -> None:
@@ -238,6 +237,7 @@ class DisaggregatedNode(EmulatedNode):
             arrival = simulation.requests[index].arrival_time_s
             stats.ttft.observe(first_s - arrival)
             stats.e2e.observe(first_s - arrival)
+            stats.prompt_tokens += stream.prompt_tokens  # as vLLM V1: once prefilled
             stats.generation_tokens += 1
             stats.finished["length"] += 1  # a prefill instance's request: max_tokens=1
             stats.prompt_lengths.observe(stream.prompt_tokens)

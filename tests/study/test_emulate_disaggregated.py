@@ -271,6 +271,33 @@ def test_2p2d_spreads_requests_over_each_pool(plant: ServingPlant) -> None:
     node.stop()
 
 
+def test_the_prefill_page_counts_a_prompt_once_its_prefill_is_done(plant: ServingPlant) -> None:
+    """As vLLM V1 (and the colocated emulated node): vllm:prompt_tokens_total counts a
+    prompt at the end of its prefill. Counted on arrival, a queued burst read as prompts
+    already computed, and the daemon's mean prompt (those tokens over the prompts done)
+    doubled, and so did the prefill domain's backlog."""
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_replicas=1, decode_replicas=1, clock=clock)
+    for k in range(4):
+        node.submit(3000, 20, "length", f"a{k}")
+    clock.sleep(5.0)
+    node.advance()
+    for k in range(4):
+        node.submit(3000, 20, "length", f"b{k}")  # queued: none of it computed yet
+    page = render_pool_metrics(node, "m", "prefill")
+    prefill = _read_page(page, clock)
+    assert prefill.waiting_requests + prefill.running_requests == 4
+    assert prefill.prompt_tokens_total == 12000.0
+    assert 'source="local_compute",model_name="m"} 12000.0' in page
+    assert node.energy_report()["totals"]["prompt_tokens"] == 12000
+    clock.sleep(5.0)
+    node.advance()
+    assert _read_page(render_pool_metrics(node, "m", "prefill"), clock).prompt_tokens_total == (
+        24000.0
+    )
+    node.stop()
+
+
 # ------------------------------------------------------------------ end to end
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "emulated-1p1d.toml"
 
