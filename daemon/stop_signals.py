@@ -49,6 +49,18 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}" if low is None else f"SIGRTMIN+{signum - low}"
 
 
+def signal_number(name: str) -> int:
+    """The number of the signal :func:`signal_name` calls ``name`` (``SIGRTMIN+3`` too).
+
+    Raises:
+        KeyError: no such signal.
+    """
+    base, plus, offset = name.partition("+")
+    if plus and base == "SIGRTMIN" and offset.isdigit():
+        return int(signal.SIGRTMIN) + int(offset)
+    return int(signal.Signals[name])
+
+
 class StopEvent(threading.Event):
     """A :class:`threading.Event` that a signal handler may set (:func:`set_from_handler`):
     seen set at once by :meth:`is_set` and :meth:`wait`, its waiters woken from a thread
@@ -114,4 +126,11 @@ def off_handler(function: Callable[[], object]) -> None:
         function()
 
 
-__all__ = ["STOP_SIGNALS", "StopEvent", "off_handler", "set_from_handler", "signal_name"]
+__all__ = [
+    "STOP_SIGNALS",
+    "StopEvent",
+    "off_handler",
+    "set_from_handler",
+    "signal_name",
+    "signal_number",
+]

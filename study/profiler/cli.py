@@ -595,14 +595,14 @@ def _stopped_by(received: list[str]) -> tuple[str, int]:
     """The word and exit code of a sweep stopped by the signal named first in
     ``received``: Ctrl-C 130, SIGTERM 143 (as ``load`` and the other study commands),
     another 128 + its number, as a shell reports it."""
-    import signal
+    from gpugov.daemon.stop_signals import signal_number
 
     name = received[0] if received else "SIGINT"
     if name == "SIGINT":
         return "interrupted", EXIT_INTERRUPTED
     if name == "SIGTERM":
         return "terminated", ExitCode.TERMINATED
-    return f"stopped by {name}", 128 + int(signal.Signals[name])
+    return f"stopped by {name}", 128 + signal_number(name)
 
 
 def _default_name(gpu: str, model: str) -> str:

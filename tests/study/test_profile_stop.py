@@ -90,3 +90,22 @@ def test_a_sweep_stopped_mid_dwell_resets_its_clock_at_once(tmp_path: Path) -> N
     finally:
         backend.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "word", "code"),
+    [
+        ("SIGINT", "interrupted", 130),
+        ("SIGTERM", "terminated", 143),
+        ("SIGHUP", "stopped by SIGHUP", 129),
+        ("SIGRTMIN+3", "stopped by SIGRTMIN+3", 128 + 37),
+    ],
+)
+def test_a_sweep_stopped_by_a_signal_ends_with_its_word_and_code(
+    name: str, word: str, code: int
+) -> None:
+    """Each stop signal the sweep takes ends it with its word and the shell's code, a
+    real-time one (no :class:`signal.Signals` member) included."""
+    from gpugov.study.profiler.cli import _stopped_by
+
+    assert _stopped_by([name]) == (word, code)
