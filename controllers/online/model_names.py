@@ -65,9 +65,10 @@ class ModelSize(NamedTuple):
 
 PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
     # gpt-oss model card: 117B with 5.1B active; 21B with 3.6B active (also spelled
-    # gpt_oss_120b, or gpt-oss:120b as an Ollama-style tag).
-    (re.compile(r"gpt[-_ ]?oss[-_: ]?120b", re.I), ModelSize(117.0, 5.1)),
-    (re.compile(r"gpt[-_ ]?oss[-_: ]?20b", re.I), ModelSize(21.0, 3.6)),
+    # gpt_oss_120b, or gpt-oss:120b as an Ollama-style tag); gpt-oss-safeguard-120b and
+    # -20b are the same models fine-tuned.
+    (re.compile(r"gpt[-_ ]?oss\D*?(?<![\d.])120b", re.I), ModelSize(117.0, 5.1)),
+    (re.compile(r"gpt[-_ ]?oss\D*?(?<![\d.])20b", re.I), ModelSize(21.0, 3.6)),
     # Llama 4 model card: 17B activated of 109B (Scout, 16 experts), of 400B (Maverick).
     (re.compile(r"llama-4-scout", re.I), ModelSize(109.0, 17.0)),
     (re.compile(r"llama-4-maverick", re.I), ModelSize(400.0, 17.0)),

@@ -140,6 +140,8 @@ def test_a_mixture_whose_name_hides_a_size_gets_its_published_sizes(
         # The same families, spelled with other separators, are still the mixtures.
         ("gpt-oss:120b", 117.0, 5.1),
         ("gpt_oss_120b", 117.0, 5.1),
+        ("openai/gpt-oss-safeguard-120b", 117.0, 5.1),  # gpt-oss-120b fine-tuned
+        ("openai/gpt-oss-safeguard-20b", 21.0, 3.6),
         ("deepseek-r1:671b", 671.0, 37.0),  # the name's size is the published total
         # Mixtures whose names state one size or state it otherwise.
         ("ibm-granite/granite-3.0-3b-a800m-instruct", 3.0, 0.8),  # active in millions
