@@ -16,6 +16,7 @@ from typing import Any
 from gpugov.daemon.cli_outputs import check_output_file, simulated_run_inputs
 from gpugov.daemon.cli_support import (
     UsageError,
+    check_metrics_address,
     check_workload_fits,
     checked_controller_flag,
     format_summary,
@@ -91,6 +92,7 @@ def run_simulated(args: argparse.Namespace) -> int:
         require_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     require_nonnegative("--dwell", args.dwell)
     require_positive("--floor", args.floor)
+    check_metrics_address(args.metrics_address)  # not found only once the run is built
     # The profile, the controller and the floor before the trace: a bad --profile,
     # --controller or --floor is one line naming the flag, not found only after a long
     # read of a large trace.

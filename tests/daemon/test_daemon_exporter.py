@@ -393,3 +393,29 @@ def test_health_and_metrics_answer_while_the_start_opens_the_gpus(
     with socket.socket() as again:
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter binds
         again.bind(("127.0.0.1", port))  # no one listens there: closed with the run
+
+
+@pytest.mark.parametrize("address", ["nothing", "127.0.0.1:99999", "held"])
+def test_run_simulate_refuses_a_bad_metrics_address_before_the_trace_is_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], address: str
+) -> None:
+    """``run --simulate --metrics-address`` that cannot be served is one line before any
+    work, as for a node; it was found only once the trace was read and the controller
+    built and warmed up (a port in use too)."""
+    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.run_simulated as run_simulated
+
+    def read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trace was read")
+
+    monkeypatch.setattr(run_simulated, "load_trace_for_cli", read)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        if address == "held":
+            address = f"127.0.0.1:{holder.getsockname()[1]}"
+        argv = ["run", "--simulate", "--virtual", "--metrics-address", address]
+        assert node_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpugov: error: ") and "--metrics-address" in err, err
+    assert len(err.strip().splitlines()) == 1
