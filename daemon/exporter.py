@@ -143,7 +143,7 @@ class SnapshotCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._domains: tuple[DomainSnapshot, ...] = ()
-        self._loop = LoopSnapshot()
+        self._loop: LoopSnapshot | None = None  # None until the first tick's
 
     def publish(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> None:
         """Replace the snapshots (called by the loop once per tick)."""
@@ -160,9 +160,11 @@ class SnapshotCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         """Every metric family, without samples: the registry learns their names, which a
         scrape's ``name[]`` filter (``/metrics?name[]=gpugov_loop_ticks_total``) needs."""
-        return self._families((), LoopSnapshot())
+        return self._families((), None)
 
-    def _families(self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot) -> Iterator[Metric]:
+    def _families(
+        self, domains: Sequence[DomainSnapshot], loop: LoopSnapshot | None
+    ) -> Iterator[Metric]:
         """The metric families of these snapshots."""
         info = InfoMetricFamily("gpugov_build", "gpugov version and Python runtime")
         info.add_metric([], {"version": __version__, "python": platform.python_version()})
@@ -650,7 +652,10 @@ class SnapshotCollector(Collector):
         yield from rates.values()
         yield histogram
 
-    def _loop_metrics(self, loop: LoopSnapshot) -> Iterator[Metric]:
+    def _loop_metrics(self, published: LoopSnapshot | None) -> Iterator[Metric]:
+        """``gpugov_loop_*`` and the lock record's: counters at 0 before the first tick
+        (``published`` None), which has no tick duration and no period to show yet."""
+        loop = published or LoopSnapshot()
         ticks = CounterMetricFamily("gpugov_loop_ticks", "Control-loop iterations run")
         ticks.add_metric([], float(loop.ticks_total))
         overruns = CounterMetricFamily(
@@ -660,9 +665,10 @@ class SnapshotCollector(Collector):
         duration = GaugeMetricFamily(
             "gpugov_loop_tick_duration_seconds", "Wall time of the last loop iteration"
         )
-        duration.add_metric([], loop.tick_seconds)
         period = GaugeMetricFamily("gpugov_loop_period_seconds", "Configured control period")
-        period.add_metric([], loop.period_s)
+        if published is not None:
+            duration.add_metric([], published.tick_seconds)
+            period.add_metric([], published.period_s)
         lock_failures = CounterMetricFamily(
             "gpugov_lock_state_write_failures",
             "Writes of the lock state file (locks.json) that failed, retried every tick",

@@ -258,9 +258,19 @@ def test_own_registry_not_global() -> None:
 
 
 def test_empty_before_first_tick() -> None:
+    """Before the first tick (the start) the counters are 0 and nothing is measured yet: no
+    period (the config's is not known here) and no tick duration, where a period of 1 s
+    and a tick of 0 s were shown."""
     exporter = Exporter(serve=False)
     families = {m.name for m in exporter.registry.collect()}
     assert "gpugov_build" in families
+    get = exporter.registry.get_sample_value
+    assert get("gpugov_loop_ticks_total") == 0.0
+    assert get("gpugov_loop_period_seconds") is None
+    assert get("gpugov_loop_tick_duration_seconds") is None
+    exporter.publish([], LoopSnapshot(ticks_total=1, tick_seconds=0.01, period_s=0.25))
+    assert get("gpugov_loop_period_seconds") == 0.25
+    assert get("gpugov_loop_tick_duration_seconds") == 0.01
 
 
 def test_health_allows_three_periods_of_a_slow_loop_and_the_start() -> None:
