@@ -32,7 +32,7 @@ from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printa
 from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
-from gpugov.daemon.stop_signals import off_handler
+from gpugov.daemon.stop_signals import STOP_SIGNALS, off_handler, signal_name
 
 # The server's logger: one actuator, one name in its log lines.
 log = logging.getLogger("gpugov.daemon.actuator_server")
@@ -185,10 +185,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run_actuator)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-"""Signals that stop the actuator: it resets every lock on the way out."""
-
-
 def _error(message: str) -> None:
     """Print one error line, escaped as every command's (``cli_support.fail``, which
     the actuator's lean import path leaves out)."""
@@ -218,10 +214,12 @@ def run_actuator(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         # No lock taken here, a log line's included (daemon.stop_signals.set_from_handler).
         if stop:
-            name = signal.Signals(signum).name
+            name = signal_name(signum)
             off_handler(functools.partial(log.warning, "received %s again; still stopping", name))
         stop.append(signum)
 
+    # The signals that stop `gpugov run` (SIGUSR1, SIGPWR or a real-time one killed the
+    # actuator with the locks it served held): every lock is reset on the way out.
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         return _serve(args, stop, NvmlBackend, nvml_device_count)

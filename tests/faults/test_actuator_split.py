@@ -426,6 +426,29 @@ def test_the_actuator_on_ctrl_c_resets_and_exits_130_in_one_line(split: Any) -> 
     assert_clean(actuator)
 
 
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGPWR", "SIGRTMIN+3"])
+def test_the_actuator_stopped_by_any_terminating_signal_resets(split: Any, name: str) -> None:
+    """Every signal that stops ``gpugov run`` stops the actuator the same way, its GPUs
+    reset (exit 0): SIGUSR1, SIGPWR or a real-time signal killed it with the locks it
+    served held."""
+    from gpugov.daemon.stop_signals import signal_number
+
+    _root, node, _engine, path, started = split
+    actuator = start_actuator(node, path)
+    started.append(actuator)
+    peer = Peer(path)
+    try:
+        assert peer.ask({"op": "hello", "lease_s": 30})["ok"]
+        assert peer.ask({"op": "lock", "gpu": "0", "min_mhz": 1410, "max_mhz": 1410})["ok"]
+        assert node.locked()[0] == [1410, 1410]
+        actuator.send(signal_number(name))
+        assert actuator.wait(60) == 0
+    finally:
+        peer.close()
+    assert unlocked(node)
+    assert_clean(actuator)
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
