@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -124,9 +125,36 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
         return str(error)  # names the host and the time waited
     if isinstance(error, http.client.HTTPException):
         return f"not an HTTP answer ({type(error).__name__}: {quoted(str(error))})"
+    if isinstance(error, ssl.SSLError):
+        return _tls_failure(error, host, port)
     if isinstance(error, OSError) and error.strerror:
         return f"cannot reach {host}:{port}: {error.strerror}"
     return f"{type(error).__name__}: {error}"
+
+
+NOT_TLS_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"}
+)
+"""OpenSSL's reasons for a handshake whose answer was no TLS record (a plain HTTP server)."""
+
+
+def _tls_failure(error: ssl.SSLError, host: str, port: int) -> str:
+    """A failed TLS handshake in words: a certificate not trusted (and how to trust it),
+    or an answer that is not TLS (an http:// engine), where it read "cannot reach" an
+    engine that answered, with OpenSSL's code."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return (
+            f"the TLS certificate of {host}:{port} is not trusted "
+            f"({error.verify_message or error.reason or error}): gpugov checks it against "
+            "the system's CA certificates (the SSL_CERT_FILE environment variable names "
+            "another bundle)"
+        )
+    if error.reason in NOT_TLS_REASONS:
+        return (
+            f"the TLS handshake with {host}:{port} failed: the answer is not TLS (an engine "
+            f"serving plain HTTP wants an http:// URL; OpenSSL: {error.reason})"
+        )
+    return f"the TLS handshake with {host}:{port} failed: {error.reason or error}"
 
 
 def _redirect_advice(url: str, response: http.client.HTTPResponse) -> str:

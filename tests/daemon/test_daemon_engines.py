@@ -1445,3 +1445,31 @@ def test_an_sglang_capacity_of_zero_is_not_known() -> None:
     derived = SglangSource("x", fetch=lambda url, t: page).scrape().kv_capacity_tokens
     zero = page + _SGLANG_CAPACITY.replace("500000.0", "0.0")
     assert SglangSource("x", fetch=lambda url, t: zero).scrape().kv_capacity_tokens == derived
+
+
+def test_an_https_url_to_a_plain_http_engine_says_so(metrics_server: MetricsServer) -> None:
+    # The TLS handshake met an HTTP answer: the line said "cannot reach ...: [SSL:
+    # WRONG_VERSION_NUMBER] wrong version number", though the engine was reached.
+    metrics_server.page = fixture_text("vllm_dp2_synthetic.txt")
+    url = metrics_server.url.replace("http://", "https://")
+    with pytest.raises(EngineUnavailable) as failed:
+        VllmSource(url, timeout_s=2.0).scrape()
+    port = url.split(":")[2].split("/")[0]
+    assert str(failed.value).startswith(
+        f"{url}: the TLS handshake with 127.0.0.1:{port} failed: the answer is not TLS (an "
+        "engine serving plain HTTP wants an http:// URL"
+    )
+
+
+def test_an_untrusted_certificate_is_said_as_such() -> None:
+    import ssl
+
+    from gpugov.daemon.scrape import describe_failure
+
+    error = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    error.verify_message = "self-signed certificate"
+    said = describe_failure(error, "engine.example", 8443)
+    assert said.startswith(
+        "the TLS certificate of engine.example:8443 is not trusted (self-signed certificate)"
+    )
+    assert "SSL_CERT_FILE" in said
