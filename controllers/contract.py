@@ -119,7 +119,7 @@ class PowerNeed:
     """Predicted power at each of :attr:`clocks_mhz` at the current load."""
     peak_w: float | None = None
     """The most the model lets the domain draw at any load (its highest phase power at
-    the top clock), when known: a budget at least this never binds."""
+    any clock), when known: a budget at least this never binds."""
 
     def __post_init__(self) -> None:
         if len(self.clocks_mhz) != len(self.curve_w) or not self.clocks_mhz:
@@ -143,15 +143,35 @@ class PowerNeed:
         """Whether the need fits ``budget_w`` (:func:`fits_budget`); else it is over it."""
         return fits_budget(self.watts, budget_w)
 
-    def ceiling_mhz(self, budget_w: float) -> float:
-        """The highest clock whose predicted power fits ``budget_w`` (:func:`fits_budget`;
-        the lowest clock when none does)."""
+    def ceiling_mhz(self, budget_w: float, at_most_mhz: float = math.inf) -> float:
+        """The highest clock at or below ``at_most_mhz`` whose predicted power fits
+        ``budget_w`` (:func:`fits_budget`; the lowest clock when none does). The curve need
+        not rise with the clock (a table's bump, a learned model): a clock below one that
+        fits may not fit itself."""
         fitting = [
             c
             for c, w in zip(self.clocks_mhz, self.curve_w, strict=True)
-            if fits_budget(w, budget_w)
+            if c <= at_most_mhz + 1e-9 and fits_budget(w, budget_w)
         ]
         return fitting[-1] if fitting else self.clocks_mhz[0]
+
+    def fits_at(self, clock_mhz: float, budget_w: float) -> bool:
+        """Whether the predicted power at ``clock_mhz`` (:meth:`watts_at`) fits ``budget_w``."""
+        return fits_budget(self.watts_at(clock_mhz), budget_w)
+
+    def tpot_floor_mhz(self, budget_w: float) -> float:
+        """The clock an over-budget domain keeps for its running requests: the TPOT clock
+        where its power fits ``budget_w``, else the lowest faster clock that fits, else
+        the highest that fits (TPOT slips too)."""
+        tpot = self.tpot_clock_mhz
+        if self.fits_at(tpot, budget_w):
+            return tpot
+        above = [
+            c
+            for c, w in zip(self.clocks_mhz, self.curve_w, strict=True)
+            if c > tpot + 1e-9 and fits_budget(w, budget_w)
+        ]
+        return above[0] if above else self.ceiling_mhz(budget_w, tpot)
 
 
 def _index_at_or_below(clocks: Sequence[float], clock_mhz: float) -> int:

@@ -80,7 +80,8 @@ def need_from_problem(problem: MPCProblem, *, uncertainty_w: float = 0.0) -> Pow
         tpot_clock_mhz=float(clocks[tpot_index]),
         clocks_mhz=tuple(float(c) for c in clocks),
         curve_w=tuple(float(w) for w in watts),
-        peak_w=maximum_power,
+        # The most any clock draws: a table need not rise with the clock.
+        peak_w=float(max(profile.prefill_power_w.max(), profile.decode_power_w.max())),
     )
 
 
@@ -94,12 +95,13 @@ class BudgetGuard(ControllerWrapper):
     the budget ``B``:
 
     * ``N <= B``: the inner decision, at most the *ceiling* (the highest clock whose
-      predicted power fits ``B``);
-    * ``N > B`` (over budget: the SLO cannot be held): the inner decision within
-      ``[min(tpot_clock, ceiling), ceiling]``. The running requests keep the clock their
-      TPOT needs while its power fits the budget, and the queued requests' TTFT slips;
-      only a budget below that clock's power lets TPOT slip too (the clock is then the
-      ceiling).
+      predicted power fits ``B``), and lowered to the highest clock below that fits where
+      its own power does not (a predicted power that does not rise with the clock);
+    * ``N > B`` (over budget: the SLO cannot be held): that clock, raised to the TPOT
+      clock where its power fits. The running requests keep the clock their TPOT needs
+      while its power fits the budget (or a faster clock's does), and the queued
+      requests' TTFT slips; only a budget below every such clock's power lets TPOT slip
+      too (the clock is then the highest that fits).
 
     A controller that reports no need (no model, or none yet) and a tick without a budget
     pass through unchanged. The guard never raises a clock above the inner decision
@@ -145,14 +147,16 @@ class BudgetGuard(ControllerWrapper):
             self.last_budget_w = None
             return decision
         self.last_budget_w = float(budget)
-        ceiling = need.ceiling_mhz(budget)
-        guarded = min(decision, ceiling)
+        guarded = min(decision, need.ceiling_mhz(budget))
+        if not need.fits_at(guarded, budget):
+            # A clock below the ceiling may draw more than it (a curve that does not
+            # rise with the clock): the highest one at or below that fits.
+            guarded = need.ceiling_mhz(budget, guarded)
         if not need.fits(budget):
             self.over_budget = True
             self.over_budget_decisions += 1
-            floor = min(need.tpot_clock_mhz, ceiling)
-            guarded = max(guarded, floor)
-            self.slipping = "ttft" if need.tpot_clock_mhz <= ceiling else "ttft+tpot"
+            guarded = max(guarded, need.tpot_floor_mhz(budget))
+            self.slipping = "ttft" if guarded >= need.tpot_clock_mhz - 1e-9 else "ttft+tpot"
         if not self.enforce:
             return decision
         if guarded < decision - 1e-9:

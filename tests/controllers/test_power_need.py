@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from synthetic import make_plant
+from synthetic import make_plant, make_profile
 
 from gpugov.controllers.contract import PowerNeed, layers, power_needed
 from gpugov.controllers.mpc.model import MPCWeights
@@ -92,6 +92,26 @@ def test_need_grows_with_the_backlog_and_ignores_the_power_cap() -> None:
     # A plant capped far below the need: the need is the same (no cap applied).
     capped = replace(problem, plant=replace(problem.plant, power_limit_w=150.0))
     assert need_from_problem(capped) == light
+
+
+def test_the_peak_is_the_most_any_clock_draws_on_a_table_with_a_bump() -> None:
+    """Before, the peak was the top clock's phase power: on a profile whose prefill draws
+    most below the top clock, a budget at that peak still bound, and the guard priced
+    the need only once a second there."""
+    profile = make_profile()
+    bump = np.exp(-(((profile.clock_mhz - 1400.0) / 120.0) ** 2))
+    bumped = replace(profile, prefill_power_w=profile.prefill_power_w + 500.0 * bump)
+    assert bumped.prefill_power_w.max() > bumped.prefill_power_w[-1]
+    plant = make_plant(bumped)
+    workload = _workload(count=80, spacing_s=0.1)
+    chain = build_controller(
+        parse_controller_spec("mpc"), ControllerContext.for_plant(plant, workload, period_s=1.0)
+    )
+    _drive(chain, plant, workload, 4)
+    need = need_from_problem(replace(chain.unwrapped.last_problem, initial_prefill_tokens=8e4))
+    assert need.peak_w is not None
+    assert need.peak_w == pytest.approx(bumped.prefill_power_w.max())
+    assert max(need.curve_w) <= need.peak_w
 
 
 def test_online_mpc_reports_a_need_with_model_uncertainty_after_warm_up() -> None:
@@ -201,6 +221,35 @@ def test_budget_guard_rule(
     assert guard(_observation(budget)) == expected
     assert guard.over_budget is over and guard.slipping == slipping
     assert guard.power_needed() is need
+
+
+# A power curve that does not rise with the clock: a profile's table with a bump at 1200
+# MHz (or a learned model), where the top clock draws less than the one below it.
+BUMPY = (200.0, 480.0, 420.0, 440.0)
+
+
+@pytest.mark.parametrize(
+    ("decision", "budget", "tpot_index", "expected", "over", "slipping"),
+    [
+        (1800.0, 450.0, 2, 1800.0, False, "none"),  # the top clock fits: unchanged
+        (1200.0, 450.0, 2, 900.0, False, "none"),  # 480 W does not fit: the clock below
+        (1200.0, 430.0, 2, 1500.0, True, "ttft"),  # over: the TPOT clock, which fits
+        (900.0, 430.0, 1, 1500.0, True, "ttft"),  # over: TPOT held at a fitting clock above
+        (1800.0, 410.0, 2, 900.0, True, "ttft+tpot"),  # only 900 MHz fits
+    ],
+)
+def test_budget_guard_holds_a_budget_on_a_curve_that_does_not_rise_with_the_clock(
+    decision: float, budget: float, tpot_index: int, expected: float, over: bool, slipping: str
+) -> None:
+    """Before, the guard capped the decision at the highest clock that fits and took
+    every clock below it to fit too: 1200 MHz passed a 450 W budget at 480 W."""
+    # Need: 1800 MHz (440 W).
+    need = _need(CLOCKS, BUMPY, watts_index=3, tpot_index=tpot_index)
+    guard = BudgetGuard(_Planned(decision, need))
+    clock = guard(_observation(budget))
+    assert clock == expected
+    assert guard.over_budget is over and guard.slipping == slipping
+    assert need.watts_at(clock) <= budget
 
 
 def test_a_need_at_the_budget_but_for_rounding_is_within_it() -> None:
