@@ -200,9 +200,10 @@ class DisaggregatedPlant:
         )
 
     def describe(self) -> dict[str, Any]:
-        """JSON-able parameters for result metadata."""
+        """JSON-able parameters for result metadata; ``layout`` counts each pool's engines
+        (``MPND``, as ``--layout`` and the scoreboard name it), ``gpus`` each pool's GPUs."""
         return {
-            "layout": f"{self.prefill.gpus}P{self.decode.gpus}D",
+            "layout": f"{self.prefill.replicas}P{self.decode.replicas}D",
             "interconnect": self.interconnect,
             "link_bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "transfer_fixed_s": self.fixed_s,

@@ -83,6 +83,11 @@ def test_transfer_time_at_known_sizes(plant: ServingPlant) -> None:
     assert tp4.links == 4
     assert tp4.bytes_per_token == 2 * 80 * 8 * 128 * 2
     assert tp4.transfer_s(2000) == pytest.approx(1e-3 + 2000 * 327_680 / (4 * 25e9), rel=1e-12)
+    # The layout's name counts engines, as --layout MPND and the scoreboard's keys do; the
+    # GPUs are each pool's own figure.
+    described = replace(tp4, decode=PoolSpec(big, 2)).describe()
+    assert described["layout"] == "1P2D"
+    assert (described["prefill"]["gpus"], described["decode"]["gpus"]) == (4, 8)
     # No model shape in the profile: the stated default.
     synthetic = ServingPlant.from_profile(synthetic_profile("compute-bound"))
     assert kv_bytes_per_token(synthetic.profile) is None
