@@ -118,10 +118,14 @@ def load_factory(reference: str) -> Any:
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
         ) from None
-    except SystemExit as error:  # a module that exits on import (a script) is no factory
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # a module that exits on import (a script) is no factory
+        from gpugov.daemon.deadline import escape_text
+
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: "
-            f"it called sys.exit({error.code!r})"
+            f"it {escape_text(error)}"
         ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):

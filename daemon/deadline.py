@@ -99,6 +99,21 @@ class DecisionTimeout(Exception):
     that did not): the domain holds its fail-safe for the tick."""
 
 
+def escape_text(error: BaseException) -> str:
+    """What code did that raised no ``Exception``, for a line: ``called sys.exit(3)``,
+    ``raised GeneratorExit()``, ``raised CancelledError()``."""
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r})"
+    return f"raised {error!r}"
+
+
+class EscapedCall(RuntimeError):
+    """A call on a worker thread raised what is no ``Exception`` (``sys.exit()``, a
+    GeneratorExit, an asyncio CancelledError, a KeyboardInterrupt its own code raised):
+    handed to the caller as an error, where it ended the worker thread and left the
+    caller waiting out its deadline."""
+
+
 class _Call:
     """One call handed to the worker: the observation in, the answer or error out."""
 
@@ -376,6 +391,8 @@ class _DiskWorker:
                 result = self._job(payload)
             except Exception as caught:  # the worker's outermost edge: handed to the caller
                 error = caught
+            except BaseException as caught:  # no signal reaches a worker: the code's own
+                error = EscapedCall(escape_text(caught))
             with self._changed:
                 self._started_s = None
                 self._overdue = False
@@ -696,9 +713,11 @@ __all__ = [
     "CallTimeout",
     "DecisionDeadline",
     "DecisionTimeout",
+    "EscapedCall",
     "LatestReader",
     "LatestWriter",
     "ReadTimeout",
     "SerialCalls",
     "WriteTimeout",
+    "escape_text",
 ]

@@ -388,12 +388,14 @@ def _external(spec: ExternalControllerConfig, context: ControllerContext) -> Clo
         raise ControllerError(str(error)) from None
     try:
         controller = factory(dataclasses.replace(context, plant=None, plan=None))
-    except SystemExit as error:  # sys.exit() in outside code is its failure, not gpugov's exit
-        raise ControllerError(
-            f"controller factory {spec.factory!r} called sys.exit({error.code!r})"
-        ) from None
     except Exception as error:  # an outside factory: report any failure in one line
         raise ControllerError(f"controller factory {spec.factory!r} raised: {error}") from error
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # sys.exit(), GeneratorExit: its failure, not gpugov's exit
+        from gpugov.daemon.deadline import escape_text
+
+        raise ControllerError(f"controller factory {spec.factory!r} {escape_text(error)}") from None
     if not callable(controller):
         raise ControllerError(
             f"controller factory {spec.factory!r} returned {type(controller).__name__}, "

@@ -23,6 +23,7 @@ import weakref
 from typing import Any
 
 from gpugov.controllers.contract import ClockController, ControllerWrapper
+from gpugov.daemon.deadline import escape_text
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.plant.types import ServingObservation
 
@@ -57,7 +58,8 @@ def _start_watching(controller: OutsideController) -> None:
 
 
 class OutsideExit(RuntimeError):
-    """An outside controller called ``sys.exit()`` while deciding."""
+    """An outside controller called ``sys.exit()`` while deciding, or raised another
+    exception that is no error (``GeneratorExit``, an asyncio ``CancelledError``)."""
 
 
 def not_a_clock(answer: Any) -> str | None:
@@ -140,8 +142,10 @@ class OutsideController(ControllerWrapper):
             self._call = (time.monotonic(), observation.time_s, observation.step_index)
         try:
             answer = self.inner(own)
-        except SystemExit as error:
-            raise OutsideExit(f"called sys.exit({error.code!r}) while deciding") from error
+        except (Exception, KeyboardInterrupt):
+            raise
+        except BaseException as error:  # sys.exit(), GeneratorExit, a CancelledError
+            raise OutsideExit(f"{escape_text(error)} while deciding") from error
         finally:
             self._call = None
         problem = not_a_clock(answer)

@@ -10,8 +10,10 @@ happen, however loaded the machine."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,28 @@ def scripted(context):
         return answer[0]
 
     return decide
+
+
+escape = [GeneratorExit()]
+
+
+def escaping(context):
+    def decide(observation):
+        raise escape[0]
+
+    return decide
+
+
+class _ClosesEscaping:
+    def __call__(self, observation):
+        return 1200.0
+
+    def close(self):
+        raise escape[0]
+
+
+def escaping_close(context):
+    return _ClosesEscaping()
 
 
 def vandal(context):
@@ -209,6 +233,64 @@ def test_sys_exit_while_deciding_is_an_error_not_an_exit(governor: Any) -> None:
         chain(_observation())
 
 
+ESCAPES = [GeneratorExit(), asyncio.CancelledError(), SystemExit(3)]
+"""What outside code may raise that is no ``Exception``: a generator's close, an asyncio
+task's cancellation, ``sys.exit()`` (KeyboardInterrupt stays Ctrl-C's)."""
+
+
+@pytest.mark.parametrize("escape", ESCAPES, ids=lambda error: type(error).__name__)
+def test_a_base_exception_while_deciding_is_an_error_not_an_exit(
+    governor: Any, escape: BaseException
+) -> None:
+    governor.escape[0] = escape
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
+    chain = build_controller(parse_controller_spec("misbehaving_governor:escaping"), context)
+    with pytest.raises(OutsideExit, match="while deciding"):
+        chain(_observation())
+
+
+@pytest.mark.parametrize("escape", ESCAPES, ids=lambda error: type(error).__name__)
+def test_a_node_survives_a_base_exception_in_a_decision_and_resets_the_clocks(
+    vllm_server: MetricsServer, governor: Any, escape: BaseException
+) -> None:
+    """A GeneratorExit or an asyncio CancelledError in an outside decision ended the run
+    in a traceback (exit 1); each is now the controller's failure, as sys.exit() is."""
+    governor.escape[0] = escape
+    records, domain, fake = _run_node(vllm_server.url, "misbehaving_governor:escaping", 3)
+    assert [r.failsafe for r in records] == [True, True, True]
+    assert domain.fallback_counts()["controller_error"] == 3
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
+@pytest.mark.parametrize(
+    "escape", [*ESCAPES, KeyboardInterrupt()], ids=lambda error: type(error).__name__
+)
+def test_a_close_that_raises_a_base_exception_is_one_failed_close(
+    vllm_server: MetricsServer,
+    governor: Any,
+    escape: BaseException,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An outside close raising what is no ``Exception`` killed the close's worker thread
+    (a KeyboardInterrupt printed its traceback), and the exit waited the close's whole
+    deadline to say it 'has not returned'; it is now one failed close, the clocks reset."""
+    governor.escape[0] = escape
+    seen: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda hook: seen.append(hook.exc_value)  # type: ignore[assignment,misc]
+    try:
+        with caplog.at_level("WARNING"):
+            _, domain, fake = _run_node(vllm_server.url, "misbehaving_governor:escaping_close", 2)
+            domain.close_controller()
+    finally:
+        threading.excepthook = previous
+    assert seen == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("closing the controller failed" in line for line in lines), lines
+    assert not any("has not returned" in line for line in lines), lines
+    assert fake.writes[-1] == (RESET, 0) and fake.locked(0) is None
+
+
 def test_the_controller_decides_on_its_own_copy_of_the_observation(governor: Any) -> None:
     context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
     chain = build_controller(parse_controller_spec("misbehaving_governor:vandal"), context)
@@ -307,8 +389,19 @@ def test_warm_up_of_an_outside_controller_turns_sys_exit_into_an_error(governor:
             "controller factory 'exiting_factory:make': cannot import 'exiting_factory': "
             "it called sys.exit(3)",
         ),
+        (
+            "def make(context):\n    raise GeneratorExit\n",
+            "exiting_factory:make",
+            "controller factory 'exiting_factory:make' raised GeneratorExit()",
+        ),
+        (
+            "import asyncio\n\nraise asyncio.CancelledError\n",
+            "exiting_factory:make",
+            "controller factory 'exiting_factory:make': cannot import 'exiting_factory': "
+            "it raised CancelledError()",
+        ),
     ],
-    ids=["in-the-factory", "at-import"],
+    ids=["in-the-factory", "at-import", "generator-exit-in-the-factory", "cancelled-at-import"],
 )
 def test_sys_exit_in_a_factory_or_its_import_is_one_line_before_any_work(
     module_on_path: Callable[[str, str], str],
