@@ -144,13 +144,15 @@ def _pool_fields(
 
 
 def _colocated_fields(
-    result: ReplicatedResult, reference: ReplicatedResult, tolerance: float
+    result: ReplicatedResult, reference: ReplicatedResult, tolerance: float, tensor_parallel: int
 ) -> dict[str, Any]:
-    """The same controller on the colocated layout of the same GPUs and load."""
+    """The same controller on the colocated layout of the same GPUs and load: one engine
+    per disaggregated engine, each ``tensor_parallel`` GPUs."""
     metrics = result.metrics
     e_max = reference.metrics.energy_j
     return {
-        "gpus": len(result.engines),
+        "gpus": len(result.engines) * tensor_parallel,
+        "engines": len(result.engines),
         "energy_j": metrics.energy_j,
         "energy_saved_fraction": (e_max - metrics.energy_j) / e_max if e_max > 0 else None,
         "slo_attainment": metrics.slo_attainment,
@@ -457,7 +459,9 @@ def disaggregated_scenario_outcome(
         if reference is None:
             reference = result
         row = _row(scenario, key, result, reference, tolerance=config.tolerance, wall_s=wall)
-        row["colocated"] = _colocated_fields(colocated, colocated_reference, config.tolerance)
+        row["colocated"] = _colocated_fields(
+            colocated, colocated_reference, config.tolerance, plant.tensor_parallel
+        )
         e_colocated = colocated.metrics.energy_j
         row["energy_vs_colocated_fraction"] = (
             (e_colocated - result.metrics.energy_j) / e_colocated if e_colocated > 0 else None
@@ -666,7 +670,8 @@ def run_disaggregated(
             "layout: the sum of each pool's bound (the prefill pool serving every prompt "
             "token, the decode pool every decode token, each with its replicas). "
             "'colocated saved' is the same controller on the colocated layout of the same "
-            "GPUs and load (one engine per GPU, arrivals round robin) against its maximum "
+            "GPUs and load (one engine per disaggregated engine, arrivals round robin) "
+            "against its maximum "
             "clock; 'vs colocated' is how far the disaggregated run's energy lies below "
             "that colocated run's."
         ),

@@ -120,6 +120,18 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert lines and "ETA" in lines[0] and "100.0%" in lines[-1]
 
 
+def test_the_colocated_twin_of_a_tensor_parallel_layout_counts_its_gpus() -> None:
+    """The colocated twin runs one engine per disaggregated engine, each the profile's
+    tensor-parallel group: ``gpus`` is their GPUs (4 for 1P1D of a TP2 profile), where it
+    gave the engines (2), and ``engines`` the engines."""
+    tp2 = ServingPlant.from_profile(load_profile("h100-sxm-mixtral-8x7b-tp2"))
+    one = build_disaggregated_scenario("azure-conv-10min", tp2, "1P1D", "recorded", 5.0)
+    config = replace(TINY, duration_s=5.0)
+    (reference,) = run_disaggregated_scenario(one, tp2, config, ("max",), best_fixed=False)
+    assert reference["colocated"]["gpus"] == 4
+    assert reference["colocated"]["engines"] == 2
+
+
 @pytest.mark.parametrize(
     ("extra", "flag"),
     [(["--report", "{tmp}/report"], "--report"), (["--windows", "2"], "--windows")],
