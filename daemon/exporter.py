@@ -133,6 +133,13 @@ class LoopSnapshot:
     before them (``Recorder.dropped_ticks``; 0 without a recording)."""
 
 
+def _whole_counts(buckets: Iterable[tuple[str, float]]) -> list[tuple[str, float]]:
+    """Cumulative bucket counts rounded to whole observations: an estimated histogram's
+    are shares (OpenMetrics takes integers), and rounding keeps them cumulative and, as
+    they grow, never decreasing."""
+    return [(bound, float(round(count))) for bound, count in buckets]
+
+
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
@@ -646,7 +653,9 @@ class SnapshotCollector(Collector):
                         family.add_metric(key, float(value))
                 if view.histogram_buckets is not None:
                     histogram.add_metric(
-                        key, buckets=list(view.histogram_buckets), sum_value=view.histogram_sum_j
+                        key,
+                        buckets=_whole_counts(view.histogram_buckets),
+                        sum_value=view.histogram_sum_j,
                     )
         yield from (phases, tokens, requests, windows, skipped)
         yield from rates.values()

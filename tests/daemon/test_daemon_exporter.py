@@ -429,3 +429,52 @@ def test_run_simulate_refuses_a_bad_metrics_address_before_the_trace_is_read(
     err = capsys.readouterr().err
     assert err.startswith("gpugov: error: ") and "--metrics-address" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_estimated_request_energy_histogram_is_valid_openmetrics() -> None:
+    """The energy per request histogram places a window's requests across its buckets in
+    shares (docs/energy.md), so its counts were fractions: OpenMetrics, what Prometheus
+    asks for, takes whole counts only, and prometheus_client's own parser refused the page.
+    Counts are whole requests now, cumulative and never decreasing; the sum is kept."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as parse_openmetrics,
+    )
+
+    from gpugov.daemon.energy import EnergySnapshot, ModelEnergyView, Rates
+
+    def with_buckets(buckets: tuple[tuple[str, float], ...]) -> DomainSnapshot:
+        view = ModelEnergyView(
+            model="m",
+            prefill_j=1.0,
+            decode_j=2.0,
+            idle_j=0.0,
+            prompt_tokens=10.0,
+            output_tokens=5.0,
+            finished_requests=3.0,
+            windows=(("fit", 1),),
+            rates=Rates(None, None, None, None, None),
+            histogram_buckets=buckets,
+            histogram_sum_j=11075.5,
+        )
+        return replace(_snapshot(), energy=EnergySnapshot(models=(view,), skipped=()))
+
+    exporter = Exporter(serve=False)
+    shown: list[list[float]] = []
+    for buckets in (
+        (("5.0", 0.865), ("10.0", 3.0175), ("20.0", 41.16), ("+Inf", 212.99999999999997)),
+        (("5.0", 1.4), ("10.0", 3.6), ("20.0", 41.4), ("+Inf", 213.6)),
+    ):
+        exporter.publish([with_buckets(buckets)], LoopSnapshot(ticks_total=1))
+        (family,) = [
+            f
+            for f in parse_openmetrics(openmetrics(exporter.registry).decode())
+            if f.name == "gpugov_energy_request_joules"
+        ]
+        counts = {s.name: s.value for s in family.samples if s.name.endswith(("_count", "_sum"))}
+        assert counts == {
+            "gpugov_energy_request_joules_count": round(buckets[-1][1]),
+            "gpugov_energy_request_joules_sum": 11075.5,
+        }
+        shown.append([s.value for s in family.samples if s.name.endswith("_bucket")])
+    assert shown == [[1, 3, 41, 213], [1, 4, 41, 214]]
