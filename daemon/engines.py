@@ -76,8 +76,9 @@ class EngineSample:
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
     model_name: str | None = None
-    """The ``model_name`` label of the engine's series (vLLM, SGLang); several models
-    are joined with commas; None when the engine does not label its series."""
+    """The ``model_name`` label of the engine's series (vLLM, SGLang; SGLang v0.3.5's
+    ``name``); several models are joined with commas; None when the engine does not
+    label its series."""
     ttft_slo_per_prompt_token_s: float | None = None
     ttft_recent_prompt_tokens: float | None = None
     ttft_count_total: float | None = None
@@ -289,6 +290,8 @@ class EngineSpec:
     """Gauges of the KV cache's capacity in tokens (SGLang's ``max_total_num_tokens``):
     exact, where the capacity derived from a usage ratio the engine rounds is not."""
     info: tuple[str, ...] = ()
+    model_labels: tuple[str, ...] = ("model_name",)
+    """Labels that name the served model, in order of preference (newest name first)."""
     request_prompt_tokens: tuple[str, ...] = ()
     """Per-request prompt-length histograms (their buckets feed the energy histogram)."""
     request_generation_tokens: tuple[str, ...] = ()
@@ -426,6 +429,7 @@ SGLANG = EngineSpec(
     kv_usage=("sglang:token_usage",),
     kv_tokens=("sglang:num_used_tokens",),
     kv_capacity=("sglang:max_total_num_tokens",),
+    model_labels=("model_name", "name"),  # "name" until the collector rewrite
     request_prompt_tokens=("sglang:prompt_tokens_histogram", "sglang:request_prompt_tokens"),
     request_generation_tokens=(
         "sglang:generation_tokens_histogram",
@@ -643,14 +647,21 @@ def shown_engines(series: Series, spec: EngineSpec) -> tuple[int, EngineLabels]:
     return max([1, *(len(keys) for keys in sets)]), frozenset().union(*sets)
 
 
-def model_name(series: Series, names: Iterable[str]) -> str | None:
-    """The ``model_name`` label on the first of ``names`` present (sorted and joined
-    with commas when the page serves several), or None."""
+def model_name(
+    series: Series, names: Iterable[str], labels: Iterable[str] = ("model_name",)
+) -> str | None:
+    """The served model's name on the first of ``names`` present: the first of ``labels``
+    its series carry (SGLang v0.3.5 named it ``name``), sorted and joined with commas when
+    the page serves several; None where none carries one."""
     for name in names:
         rows = series.get(name)
         if rows:
-            labels = sorted({str(lab["model_name"]) for lab, _ in rows if "model_name" in lab})
-            return ",".join(labels) if labels else None
+            models = set()
+            for row, _ in rows:
+                label = next((label for label in labels if label in row), None)
+                if label is not None:
+                    models.add(str(row[label]))
+            return ",".join(sorted(models)) if models else None
     return None
 
 
@@ -740,7 +751,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         kv_usage_ratio=usage,
         kv_capacity_tokens=capacity,
         kv_tokens=kv_tokens,
-        model_name=model_name(series, (*spec.running, *spec.waiting)),
+        model_name=model_name(series, (*spec.running, *spec.waiting), spec.model_labels),
         request_prompt_tokens_buckets=None if prompt_lengths is None else prompt_lengths[1],
         request_generation_tokens_buckets=None if output_lengths is None else output_lengths[1],
         finished_generation_tokens_total=(

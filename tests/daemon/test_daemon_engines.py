@@ -628,6 +628,11 @@ def test_sglang_v035_names() -> None:
     # sum is the finished requests' share.
     assert sample.finished_generation_tokens_total == 56700.0
     assert sample.kv_usage_ratio == pytest.approx(0.31)
+    # Its model is in its label "name" (the collector rewrite renamed it model_name): it
+    # was None, so the page gave the online controller no model name, hint or key.
+    assert sample.model_name == "meta-llama/Llama-3.1-8B-Instruct"
+    # Its capacity gauge, where the usage rounded to 0.31 gave another.
+    assert sample.kv_capacity_tokens == 570979.0
 
 
 def test_a_vllm_cache_of_zero_blocks_is_no_kv_capacity() -> None:
