@@ -103,8 +103,27 @@ ROUNDED_B = 0.5
 is 1.3B)."""
 
 
+MODELS_APART = re.compile(r",(?![^()\[\]]*[)\]])")
+"""The commas between models' names: not those within brackets, which describe one model
+(a bundled profile's ``Llama-3.2-3B-Instruct (BF16, TP=1)``)."""
+
+
 def hints_from_model_name(name: str | None) -> ModelSize | None:
     """The model size a served model's name states, or None when it states none.
+
+    Several models' names joined with commas (a page that serves several) give the size
+    they all state, or None where they do not all state one and the same: sizes taken
+    across them made a model none of them is (a 70B total with another model's 3B
+    active). One model's name is read by :func:`size_of_one_name`.
+    """
+    if not name:
+        return None
+    sizes = {size_of_one_name(part.strip()) for part in MODELS_APART.split(name)}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def size_of_one_name(name: str) -> ModelSize | None:
+    """The model size one served model's name states, or None when it states none.
 
     A family in :data:`PUBLISHED_SIZES` gets its published sizes. ``8x7B`` counts as a
     mixture (:data:`SHARED_FRACTION`, :data:`EXPERTS_PER_TOKEN`); ``A3B`` sets the
@@ -205,4 +224,5 @@ __all__ = [
     "ModelSize",
     "SettledName",
     "hints_from_model_name",
+    "size_of_one_name",
 ]

@@ -168,3 +168,23 @@ def test_a_mixture_that_states_one_size_gives_none(name: str) -> None:
     # Its one size may be the total or the active one: priced as a dense model of that
     # size, a token read up to six times the parameters it does.
     assert hints_from_model_name(name) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        # A page that serves several models names them all, joined with commas: sizes
+        # taken across them made a model none of them is (70B with Qwen3's 3B active).
+        ("Qwen/Qwen3-30B-A3B,meta-llama/Llama-3.1-70B-Instruct", None),
+        ("meta-llama/Llama-3.1-8B,openai/gpt-oss-120b", None),
+        ("meta-llama/Llama-3.1-8B,mistralai/Mixtral-8x7B-v0.1", None),
+        ("meta-llama/Llama-3.1-8B-Instruct,my-adapter", None),  # one states no size
+        # Models of one size are that size.
+        ("meta-llama/Llama-3.1-8B-Instruct,meta-llama/Llama-3.1-8B", ModelSize(8.0, 8.0)),
+        ("openai/gpt-oss-120b,openai/gpt-oss-safeguard-120b", ModelSize(117.0, 5.1)),
+    ],
+)
+def test_several_models_give_a_size_only_where_they_share_it(
+    name: str, size: ModelSize | None
+) -> None:
+    assert hints_from_model_name(name) == size
