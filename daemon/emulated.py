@@ -140,6 +140,26 @@ def emulated_device_count(
     return int(_node_info(emulator, timeout_s, api_key)["count"])
 
 
+def emulated_gpu_roles(
+    emulator: str, *, timeout_s: float = 2.0, api_key: str | None = None
+) -> dict[int, str]:
+    """Each emulated GPU's pool role (``prefill`` or ``decode``) as ``GET /gpu`` lists
+    its engine replica's (``gpugov emulate --layout MPND``); empty for a colocated node or
+    an emulator that lists no replicas.
+
+    Raises:
+        GpuUnavailable: the emulator does not answer, or not as ``gpugov emulate`` does.
+    """
+    replicas = _node_info(emulator, timeout_s, api_key).get("replicas")
+    roles: dict[int, str] = {}
+    for replica in replicas if isinstance(replicas, list) else ():
+        role = replica.get("role") if isinstance(replica, dict) else None
+        gpus = replica.get("gpus") if isinstance(replica, dict) else None
+        if role in ("prefill", "decode") and isinstance(gpus, list):
+            roles.update((gpu, role) for gpu in gpus if isinstance(gpu, int))
+    return roles
+
+
 def emulated_speed(
     emulator: str, *, timeout_s: float = 2.0, api_key: str | None = None
 ) -> float | None:

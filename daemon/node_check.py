@@ -24,7 +24,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +101,39 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
             f"{' and '.join(SLO_RECORDING_RULES)}, the alert {', '.join(SLO_ALERTS)} and the "
             f"dashboard's SLO panels have no data for it; set {' and '.join(missing)}"
         )
+    return lines
+
+
+def pool_warnings(config: GpugovConfig, pools: Mapping[int, str]) -> list[str]:
+    """One line per domain that does not match a disaggregated emulator's pools
+    (``pools``: each GPU's pool role, :func:`daemon.emulated.emulated_gpu_roles`): over
+    both pools, set no role (its vLLM pages state none, so it would be governed as
+    colocated), or set the other pool's role (it would follow the wrong objective)."""
+    lines = []
+    for domain in config.domains:
+        roles = sorted({pools[gpu] for gpu in domain.gpus if gpu in pools}, reverse=True)
+        if not roles:
+            continue
+        noun = "GPU" if len(domain.gpus) == 1 else "GPUs"
+        gpus = f"{noun} {', '.join(str(gpu) for gpu in domain.gpus)}"
+        if len(roles) > 1:
+            lines.append(
+                f"domain {domain.name!r}: {gpus} span the emulator's {' and '.join(roles)} "
+                "pools, which one domain locks to one clock; give each pool its own domain"
+            )
+        elif domain.role is None:
+            verb = "is" if len(domain.gpus) == 1 else "are"
+            lines.append(
+                f"domain {domain.name!r}: {gpus} {verb} the emulator's {roles[0]} pool, but "
+                "the domain sets no role (the emulator's vLLM pages state none): it is "
+                f"governed as colocated; set role = {roles[0]!r}"
+            )
+        elif domain.role != roles[0]:
+            verb = "is" if len(domain.gpus) == 1 else "are"
+            lines.append(
+                f"domain {domain.name!r}: role = {domain.role!r} in the config, but {gpus} "
+                f"{verb} the emulator's {roles[0]} pool"
+            )
     return lines
 
 
@@ -364,11 +397,12 @@ def _open_gpus(
         report.lines.append("GPU checks skipped: nvidia-smi is not installed here")
         return None
     elif kind == "emulated":
-        from gpugov.daemon.emulated import emulated_device_count
+        from gpugov.daemon.emulated import emulated_device_count, emulated_gpu_roles
 
         emulator = str(config.daemon.emulator)
         try:
             count = emulated_device_count(emulator)
+            pools = emulated_gpu_roles(emulator)
         except GpuUnavailable as error:
             report.problems.append(
                 GpuUnavailable(
@@ -377,6 +411,7 @@ def _open_gpus(
             )
             return {}
         report.lines.append(f"emulator {emulator}: answers, {count} GPU(s)")
+        report.warnings.extend(pool_warnings(config, pools))
     opened: dict[str, list[GpuBackend]] = {}
     uuids: dict[str, tuple[str, str]] = {}
     for domain in config.domains:

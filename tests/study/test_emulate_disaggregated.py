@@ -505,3 +505,53 @@ def test_a_tensor_parallel_layout_counts_engine_replicas_of_its_gpus(
     err = capsys.readouterr().err.strip()
     assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1
     assert err == f"gpugov: error: {line}"
+
+
+def test_check_config_names_a_domain_that_does_not_match_the_emulated_pools(
+    plant: ServingPlant, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM's pages state no role, so a 2P1D node's config must: a domain without one
+    over a pool's GPUs is governed colocated, one whose role is the other pool's follows
+    the wrong page, and one over both pools locks them to one clock. check-config warns
+    of each in one line (exit 0); a config that matches the pools gets no such line."""
+    from gpugov.daemon import node_cli
+
+    clock = VirtualClock()
+    node = DisaggregatedNode(plant, prefill_replicas=2, decode_replicas=1, clock=clock)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+
+        def check(domains: list[tuple[str, list[int], str | None]]) -> list[str]:
+            lines = [
+                "[daemon]",
+                "backend = 'emulated'",
+                f"emulator = '{server.url}'",
+                "metrics_address = ''",
+            ]
+            for name, gpus, role in domains:
+                lines += ["[[domains]]", f"name = '{name}'", f"gpus = {gpus}"]
+                lines += [] if role is None else [f"role = '{role}'"]
+                lines += ["ttft_slo_s = 1.0", "tpot_slo_s = 0.05"]
+                lines += [f"engine = {{ kind = 'vllm', url = '{server.url}/decode/metrics' }}"]
+            path = tmp_path / "node.toml"
+            path.write_text("\n".join(lines) + "\n")
+            assert node_cli.main(["check-config", str(path)]) == 0
+            return [line for line in capsys.readouterr().err.splitlines() if "pool" in line]
+
+        assert check([("p", [0, 1], "prefill"), ("d", [2], "decode")]) == []
+        assert check([("p", [0, 1], None), ("d", [2], "prefill")]) == [
+            "gpugov: warning: domain 'p': GPUs 0, 1 are the emulator's prefill pool, but "
+            "the domain sets no role (the emulator's vLLM pages state none): it is "
+            "governed as colocated; set role = 'prefill'",
+            "gpugov: warning: domain 'd': role = 'prefill' in the config, but GPU 2 is "
+            "the emulator's decode pool",
+        ]
+        assert check([("all", [0, 1, 2], "prefill")]) == [
+            "gpugov: warning: domain 'all': GPUs 0, 1, 2 span the emulator's prefill "
+            "and decode pools, which one domain locks to one clock; give each pool its "
+            "own domain"
+        ]
+    finally:
+        server.close()
+        node.stop()
