@@ -105,12 +105,18 @@ def quoted(said: str) -> str:
     return repr(said[:SAID_CHARS]) + ("..." if len(said) > SAID_CHARS else "")
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it, an IPv6 address in brackets: ``::1:8000`` read
+    as the address ``::1:8000``, its port lost in it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def describe_failure(error: BaseException, host: str, port: int) -> str:
     """What a failed fetch met, in words: a refused connection, a dropped one, a name
     that does not resolve, an answer that is not HTTP (a timeout is said by the caller,
     which knows the deadline)."""
     if isinstance(error, ConnectionRefusedError):
-        return f"connection refused (nothing listens on {host}:{port})"
+        return f"connection refused (nothing listens on {host_port(host, port)})"
     if isinstance(error, http.client.RemoteDisconnected):
         return "the engine closed the connection without answering"
     if isinstance(error, ConnectionResetError):
@@ -128,7 +134,7 @@ def describe_failure(error: BaseException, host: str, port: int) -> str:
     if isinstance(error, ssl.SSLError):
         return _tls_failure(error, host, port)
     if isinstance(error, OSError) and error.strerror:
-        return f"cannot reach {host}:{port}: {error.strerror}"
+        return f"cannot reach {host_port(host, port)}: {error.strerror}"
     return f"{type(error).__name__}: {error}"
 
 
@@ -144,17 +150,17 @@ def _tls_failure(error: ssl.SSLError, host: str, port: int) -> str:
     engine that answered, with OpenSSL's code."""
     if isinstance(error, ssl.SSLCertVerificationError):
         return (
-            f"the TLS certificate of {host}:{port} is not trusted "
+            f"the TLS certificate of {host_port(host, port)} is not trusted "
             f"({error.verify_message or error.reason or error}): gpugov checks it against "
             "the system's CA certificates (the SSL_CERT_FILE environment variable names "
             "another bundle)"
         )
     if error.reason in NOT_TLS_REASONS:
         return (
-            f"the TLS handshake with {host}:{port} failed: the answer is not TLS (an engine "
-            f"serving plain HTTP wants an http:// URL; OpenSSL: {error.reason})"
+            f"the TLS handshake with {host_port(host, port)} failed: the answer is not TLS "
+            f"(an engine serving plain HTTP wants an http:// URL; OpenSSL: {error.reason})"
         )
-    return f"the TLS handshake with {host}:{port} failed: {error.reason or error}"
+    return f"the TLS handshake with {host_port(host, port)} failed: {error.reason or error}"
 
 
 def _redirect_advice(url: str, response: http.client.HTTPResponse) -> str:

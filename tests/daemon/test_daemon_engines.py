@@ -1478,3 +1478,17 @@ def test_an_untrusted_certificate_is_said_as_such() -> None:
         "the TLS certificate of engine.example:8443 is not trusted (self-signed certificate)"
     )
     assert "SSL_CERT_FILE" in said
+
+
+def test_an_ipv6_address_is_named_in_brackets_with_its_port() -> None:
+    # "nothing listens on ::1:1" read as the address ::1:1 (port missing).
+    import socket
+
+    listener = socket.socket(socket.AF_INET6)
+    listener.bind(("::1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now
+    url = f"http://[::1]:{port}/metrics"
+    with pytest.raises(EngineUnavailable) as refused:
+        VllmSource(url, timeout_s=2.0).scrape()
+    assert str(refused.value) == f"{url}: connection refused (nothing listens on [::1]:{port})"
