@@ -36,11 +36,50 @@ def slo_so_far(simulation: Any) -> tuple[int, int]:
     return met, done
 
 
+class DrainEstimate:
+    """The simulated time a run is expected to end at: its last arrival, and past it the
+    time the requests left finish at the rate they generate output tokens. Measured
+    against the last arrival alone, a run that drains a backlog for minutes after it (a
+    burst at 0 s, long outputs) showed 100 % and an ETA of 0 s all along."""
+
+    def __init__(self, last_arrival_s: float) -> None:
+        self.end_s = max(last_arrival_s, 0.0)
+        self._last_arrival_s = self.end_s
+        self._unfinished: list[int] | None = None  # requests not yet seen finished
+        self._mark: tuple[float, int] | None = None  # (time, output tokens left) then
+
+    def __call__(self, time_s: float, simulation: Any) -> float:
+        """The expected end once the simulation has reached ``time_s``: past the last
+        arrival, ``time_s`` plus the output tokens the unfinished requests have left over
+        the rate they fell since the previous call (or the start); a simulation without
+        per-request tokens keeps the last arrival."""
+        requests = getattr(simulation, "requests", None)
+        generated = getattr(simulation, "generated_tokens", None)
+        if time_s < self._last_arrival_s or requests is None or generated is None:
+            return self.end_s
+        _, finish = simulation.request_times()
+        if self._unfinished is None:
+            self._unfinished = list(range(len(requests)))
+        self._unfinished = [i for i in self._unfinished if finish[i] is None]
+        left = sum(max(requests[i].output_tokens - generated(i), 0) for i in self._unfinished)
+        if self._mark is None:
+            self._mark = (0.0, sum(request.output_tokens for request in requests))
+        since_s, left_then = self._mark
+        if not self._unfinished:
+            self.end_s = max(self._last_arrival_s, time_s)
+        elif time_s > since_s and left < left_then:
+            rate = (left_then - left) / (time_s - since_s)
+            self.end_s = max(self._last_arrival_s, time_s + left / rate)
+            self._mark = (time_s, left)
+        elif self.end_s <= time_s:
+            # No token since the previous call (a prompt still prefilling): not done yet.
+            self.end_s = time_s + max(time_s - since_s, 1.0)
+        return self.end_s
+
+
 class SimulationProgress:
-    """Reports a simulated run's progress in simulated seconds: up to its last arrival, then
-    up to when the requests left are expected to finish (their output tokens left over
-    the rate the run generates them), so a run that drains a backlog for minutes after its
-    last arrival does not show 100 % and an ETA of 0 s all along.
+    """Reports a simulated run's progress in simulated seconds, up to its expected end
+    (:class:`DrainEstimate`: the last arrival, then the backlog's drain).
 
     Args:
         total_s: simulated seconds the run is expected to cover (its last arrival).
@@ -70,46 +109,17 @@ class SimulationProgress:
         self._last_s = 0.0
         self._detail = ""
         self._last_arrival_s = max(total_s, 0.0)
-        self._unfinished: list[int] | None = None  # requests not yet seen finished
-        self._mark: tuple[float, int] | None = None  # (time, output tokens left) then
+        self._end = DrainEstimate(self._last_arrival_s)
 
     def __call__(self, time_s: float, simulation: Any) -> None:
         """Record the simulation's state at ``time_s``; emit a line when one is due."""
-        if time_s >= self._last_arrival_s:
-            self._extend_to_drain(time_s, simulation)
+        self.progress.total = max(self._end(time_s, simulation), 1e-9)
         self._last_s = min(time_s, self.progress.total)
         if not self.progress.due():
             self.progress.update(self._last_s, self._detail)
             return
         self._detail = self.detail(simulation)
         self.progress.update(self._last_s, self._detail)
-
-    def _extend_to_drain(self, time_s: float, simulation: Any) -> None:
-        """Past the last arrival, make the total ``time_s`` plus the output tokens the
-        unfinished requests have left over the rate they fell since the previous call (or
-        since the start); a simulation without per-request tokens keeps the total."""
-        requests = getattr(simulation, "requests", None)
-        generated = getattr(simulation, "generated_tokens", None)
-        if requests is None or generated is None:
-            return
-        _, finish = simulation.request_times()
-        if self._unfinished is None:
-            self._unfinished = list(range(len(requests)))
-        self._unfinished = [i for i in self._unfinished if finish[i] is None]
-        left = sum(max(requests[i].output_tokens - generated(i), 0) for i in self._unfinished)
-        if self._mark is None:
-            total = sum(request.output_tokens for request in requests)
-            self._mark = (0.0, total)
-        since_s, left_then = self._mark
-        if not self._unfinished:
-            self.progress.total = max(self._last_arrival_s, time_s, 1e-9)
-        elif time_s > since_s and left < left_then:
-            rate = (left_then - left) / (time_s - since_s)
-            self.progress.total = max(self._last_arrival_s, time_s + left / rate, 1e-9)
-            self._mark = (time_s, left)
-        elif self.progress.total <= time_s:
-            # No token since the previous call (a prompt still prefilling): not done yet.
-            self.progress.total = time_s + max(time_s - since_s, 1.0)
 
     @staticmethod
     def detail(simulation: Any) -> str:

@@ -19,6 +19,7 @@ from gpugov.daemon.errors import printable
 from gpugov.daemon.files import json_safe, write_files_atomic, write_text_atomic
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.safety import invalid_decisions
+from gpugov.daemon.sim_progress import DrainEstimate
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import ServingPlant, simulate
 from gpugov.plant.profile_files import profile_files
@@ -80,14 +81,20 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     """One cell, as ``gpugov simulate`` runs it; a failure becomes a ``failed`` row (a
     sweep of hours does not stop for one cell; ``--resume`` runs failed cells again).
     Its simulated seconds are counted as it runs in ``shared["progress"]`` (a
-    :class:`CellProgress`, where there is one); the count only reads the simulation."""
+    :class:`CellProgress`, where there is one), and its expected length, which grows past
+    the last arrival while a backlog drains, in ``shared["sizes"]``; the count only reads
+    the simulation."""
     started = time.perf_counter()
     counter: CellProgress | None = shared.get("progress")
+    sizes: CellProgress | None = shared.get("sizes")
     on_progress: Callable[[float, Any], None] | None = None
     if counter is not None:
-        units = cell_units(last_arrival(shared[f"trace:{cell.trace}"]), cell.load)
+        end = DrainEstimate(cell_units(last_arrival(shared[f"trace:{cell.trace}"]), cell.load))
 
         def on_progress(time_s: float, simulation: Any) -> None:
+            units = end(time_s, simulation)  # past the last arrival, the drain's end
+            if sizes is not None:
+                sizes.report(cell.key, units)
             counter.report(cell.key, min(time_s, units))
 
     settings = dict(cell.settings)
@@ -269,9 +276,15 @@ def _run_plan(
 
     def show() -> None:
         cells = f"{count:,}/{len(todo):,} cells"
+        progress.total = sizes.total()
         progress.update(counter.total(), f"{cells}, {last}" if last else cells)
 
     counter = CellProgress([cell.key for cell in todo], on_report=show)
+    # Each cell's expected simulated seconds: its last arrival until it runs past it,
+    # then the end of its drain (a burst's backlog), then its real length once done.
+    sizes = CellProgress([cell.key for cell in todo])
+    for cell, size in zip(todo, units, strict=True):
+        sizes.report(cell.key, size)
     # Nothing to run (a finished sweep resumed): no bar, whose only line was
     # "100.0% (0/0 cells) ... ETA ?"; the resume line above says why.
     with Progress(
@@ -285,7 +298,7 @@ def _run_plan(
             run_cell,
             todo,
             spec=spec,
-            shared={**plan.shared, "progress": counter},
+            shared={**plan.shared, "progress": counter, "sizes": sizes},
             on_event=say,
             label=SweepCell.label,
             on_wait=show,
@@ -309,7 +322,11 @@ def _run_plan(
                     "decision(s) were not a clock in MHz; the safety chain ran the top clock"
                 )
             last = todo[finished.index].label()
-            counter.report(todo[finished.index].key, units[finished.index])  # and show()
+            key, size = todo[finished.index].key, units[finished.index]
+            if row["status"] == "ok":
+                size = max(size, row["metrics"].get("simulated_duration_s") or 0.0)
+            sizes.report(key, size)
+            counter.report(key, size)  # and show()
         progress.close(f"{count:,}/{len(todo):,} cells")
     table = summarize(rows, plan.cells)
     paths = {

@@ -384,6 +384,40 @@ def test_a_sweep_says_it_runs_before_its_first_cell_ends(
     assert seen == [first]
 
 
+def test_a_cell_draining_after_its_last_arrival_is_not_shown_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's share of the bar was its last arrival: a burst at 0 s with long outputs
+    read 100 %, ETA 0s, for as long as its backlog took to drain. Its expected length now
+    grows while it drains and ends as the run's own."""
+    calls: list[tuple[float, float, str]] = []
+
+    class Recorded(sweep_run.Progress):  # type: ignore[name-defined,misc]
+        def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
+            calls.append((done, self.total, detail))
+            super().update(done, detail, force=force)
+
+    monkeypatch.setattr(sweep_run, "Progress", Recorded)
+    trace = tmp_path / "burst.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "0,500,6000\n" * 4)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["burst.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
+    )
+    sweep.run_sweep(
+        grid, tmp_path / "out", spec=RunnerSpec(jobs=1), say=lambda line: None,
+        progress_stream=io.StringIO(),
+    )  # fmt: skip
+    row = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])
+    end_s = row["metrics"]["simulated_duration_s"]
+    assert end_s > 30.0
+    running = [(done, total) for done, total, detail in calls if detail.startswith("0/1 cells")]
+    assert len(running) > 3
+    assert all(done < total for done, total in running), running
+    assert max(total for _, total in running) > 10.0  # not the last arrival's 1 s
+    assert calls[-1][:2] == (pytest.approx(end_s), pytest.approx(end_s))
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
