@@ -59,6 +59,11 @@ from gpugov.controllers.online.exploration import (
     SafeExploration,
 )
 from gpugov.controllers.online.identification import REFERENCE_BATCH, ModelPrior, OnlineModel
+from gpugov.controllers.online.learned_plant import (
+    ONLINE_STATUS,
+    LearnedPlant,
+    published_kv_capacity,
+)
 from gpugov.controllers.online.model_names import SettledName
 from gpugov.controllers.online.prediction import compile_prediction
 from gpugov.controllers.online.prior import AutoHints
@@ -71,9 +76,6 @@ from gpugov.plant.types import MPCDiagnostics, ServingObservation, replace_obser
 
 FloatArray = NDArray[np.float64]
 
-ONLINE_STATUS = "online-identified"
-"""Profile status of a learned model (``measured`` stays reserved for clock sweeps)."""
-DEFAULT_THERMAL_LIMIT_C = 87.0
 UNCAPPED_POWER_SCALE_W = 300.0
 """Scale of the power prior (not a cap) when no power limit, hint or reading is known."""
 HORIZON_PERIODS = 10
@@ -92,18 +94,6 @@ leaner pool and local search than ``mpc``'s, sized so that the whole decision fi
 about a millisecond; its plans cost the MPC at most a few per cent more than the full
 search's, and every decision still passes the exploration floor, the burst guard and
 the decode descent (``bench/decision_time.py``, ``docs/online.md``)."""
-UNCAPPED_FACTOR = 10.0
-"""With no cap known, the MPC plans on a 'cap' this many times the learned top power, so
-the cap never binds (``ServingPlant`` needs a finite one)."""
-
-
-def published_kv_capacity(observation: ServingObservation) -> int | None:
-    """One engine's KV cache in tokens as its engine publishes it (vLLM's cache config),
-    or None where it publishes none or an impossible one."""
-    capacity = observation.kv_capacity_tokens
-    if capacity is None or not math.isfinite(capacity) or capacity < 1.0:
-        return None
-    return int(capacity)
 
 
 class SettingsRefuseModel(ValueError):
@@ -259,8 +249,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.last_reason = "start"
         self._mpc_decided = False
         """Whether the MPC decided at the last call (its need is the current load's)."""
-        self._profile_template: PerformanceProfile | None = None
-        """The first learned profile; later ones are copies of it with new values."""
+        self._learned = LearnedPlant()
         self.pooled_waiting = 0.0
         self.engines = 1
         """Data-parallel engines the last observation pooled: the controller learns and
@@ -398,104 +387,26 @@ class OnlineMPCController(MeasuredLatencyRules):
         self, slos: tuple[float, float], *, pessimistic: bool = True
     ) -> PerformanceProfile:
         """The model as a profile over the supported clocks: latencies at the mean plus
-        ``uncertainty_z`` standard deviations (``pessimistic``), powers at the mean."""
+        ``uncertainty_z`` standard deviations (``pessimistic``), powers at the mean
+        (:meth:`LearnedPlant.profile`)."""
         model = self.model
         assert model is not None
         z = self.effective_z if pessimistic else 0.0
-        clocks = model.clocks_mhz
-        context = self.context_tokens
-        realized = clocks * model.realized_ratio
-        # Latencies at the mean plus z standard deviations, held to the physics: no part
-        # of an iteration gets faster at a lower clock, nor slower than 1/f; board power
-        # does not fall as the clock rises (prediction.learned_tables).
-        arrays, top, valid = model.learned_tables(realized, z, REFERENCE_BATCH, context)
-        weights = max(float(top[0]), 0.0)
-        batch_only = max(float(top[1]) - weights, 0.0)
-        full = max(float(top[2]), 1e-9)
-        kv = max(full - weights - batch_only, 0.0)
-        total = weights + batch_only + kv
-        fractions = (
-            (weights / total, batch_only / total, kv / total) if total > 0 else (1.0, 0.0, 0.0)
-        )
-        manifest = {
-            "status": ONLINE_STATUS,
-            "gpu": "learned online",
-            "model": self.model_name or "unknown model",
-            "engine": {
-                "reference_batch_size": REFERENCE_BATCH,
-                "reference_context_tokens": max(1, int(round(context))),
-            },
-            "decode_latency_model": {
-                "weight_fraction": fractions[0],
-                "batch_fraction": fractions[1],
-                # kv / total itself: ``1 - w - b`` can come out at -3e-17 when the
-                # context term is zero, which the profile refuses (and the MPC fell back).
-                "kv_fraction": fractions[2],
-            },
-            "power_limit_w": model.power_limit_w,
-        }
-        values: dict[str, Any] = {
-            "prefill_tokens_per_s": arrays[0],
-            "decode_tokens_per_s": arrays[1],
-            "prefill_power_w": arrays[2],
-            "decode_power_w": arrays[3],
-            "idle_power_w": arrays[4],
-            "ttft_slo_s": float(slos[0]),
-            "tpot_slo_s": float(slos[1]),
-            "manifest": manifest,
-        }
-        template = self._profile_template
-        if (
-            template is not None
-            and template.clock_mhz.shape == clocks.shape
-            and bool((template.clock_mhz == clocks).all())
-            and valid
-            and all(math.isfinite(slo) and slo > 0.0 for slo in slos)
-        ):
-            # The same clocks, and values that are finite and positive (checked in the
-            # kernel): the previous profile with the new values, without validating
-            # them again (a fifth of the decision's time otherwise).
-            # (``copy.copy`` of a frozen dataclass, by hand: its instance dict copied.)
-            profile = object.__new__(type(template))
-            profile.__dict__.update(template.__dict__)
-            profile.__dict__.update(values)
-            return profile
-        profile = PerformanceProfile(clock_mhz=clocks.copy(), name="online", **values)
-        self._profile_template = profile
-        return profile
+        return self._learned.profile(model, slos, z, self.context_tokens, self.model_name)
 
     def learned_plant(
         self, observation: ServingObservation, slos: tuple[float, float]
     ) -> ServingPlant:
-        """The plant the MPC plans on: the learned profile, NVML's power limit, the
-        thermal limit, the learned thermal RC (a neutral one until it is learned) and the
-        engine's KV cache where it publishes one (:func:`published_kv_capacity`)."""
+        """The plant the MPC plans on (:meth:`LearnedPlant.plant`)."""
         model = self.model
         assert model is not None
-        profile = self.learned_profile(slos)
-        limit = observation.thermal_limit_c or self.thermal_limit_c or DEFAULT_THERMAL_LIMIT_C
-        cap = self.power_cap_w(observation)
-        top_power = max(float(profile.prefill_power_w[-1]), float(profile.decode_power_w[-1]))
-        power_limit = cap if cap is not None else UNCAPPED_FACTOR * top_power
-        fitted = model.thermal_parameters()
-        if fitted is not None and fitted[0] < limit:
-            ambient, resistance, windows = fitted
-            tau = max(1.0, windows * self.control_period_s)
-        else:
-            # Unknown RC: one that keeps the die under its limit at the power limit, so
-            # the MPC leaves thermal holds to the GPU until the fit is physical.
-            ambient = min(30.0, limit - 10.0)
-            resistance = (limit - ambient) / (1.1 * (power_limit if cap else top_power))
-            tau = 30.0
-        capacity = published_kv_capacity(observation)
-        return ServingPlant(
-            profile=profile,
-            power_limit_w=power_limit,
-            thermal_limit_c=limit,
-            ambient_temperature_c=ambient,
-            thermal_resistance_c_per_w=resistance,
-            thermal_time_constant_s=tau,
-            **({} if capacity is None else {"kv_capacity_tokens": capacity}),
+        return self._learned.plant(
+            observation,
+            self.learned_profile(slos),
+            model,
+            thermal_limit_c=self.thermal_limit_c,
+            cap_w=self.power_cap_w(observation),
+            control_period_s=self.control_period_s,
         )
 
     def _mpc(self, plant: ServingPlant, *, kv_known: bool = False) -> MPCController:

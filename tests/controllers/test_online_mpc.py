@@ -481,7 +481,7 @@ def test_a_copied_learned_profile_equals_a_validated_one() -> None:
     slos = (1.0, 0.05)
     first = controller.learned_profile(slos)
     second = controller.learned_profile((1.2, 0.06))
-    assert second is not first and controller._profile_template is not None
+    assert second is not first and controller._learned.template is not None
     rebuilt = PerformanceProfile(
         clock_mhz=second.clock_mhz,
         prefill_tokens_per_s=second.prefill_tokens_per_s,
