@@ -111,7 +111,10 @@ def pool_warnings(config: GpugovConfig, pools: Mapping[int, str]) -> list[str]:
     colocated), or set the other pool's role (it would follow the wrong objective)."""
     lines = []
     for domain in config.domains:
-        roles = sorted({pools[gpu] for gpu in domain.gpus if gpu in pools}, reverse=True)
+        roles = sorted(
+            {pools[gpu] for gpu in domain.gpus if isinstance(gpu, int) and gpu in pools},
+            reverse=True,
+        )
         if not roles:
             continue
         noun = "GPU" if len(domain.gpus) == 1 else "GPUs"
