@@ -149,6 +149,7 @@ class Domain:
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
         self._energy_failed = False
+        self._status_failed = False
 
     def _estimate_energy(self, observed: Observed) -> None:
         """Fold this tick into the energy estimate; a failure is logged once and never
@@ -489,10 +490,18 @@ class Domain:
         return lowest
 
     def model_status(self) -> dict[str, Any] | None:
-        """The controller's learning status when it learns a model (``mpc-online``)."""
+        """The controller's learning status when it learns a model (``mpc-online``, or an
+        outside controller with a ``status()``); a failure is logged once and never stops
+        the loop (the status only reports)."""
         for layer in layers(self.controller):
             if isinstance(layer, Learner):
-                value = layer.status()
+                try:
+                    value = layer.status()
+                except Exception as error:  # an outside controller's: never cost a tick
+                    if not self._status_failed:
+                        self._status_failed = True
+                        log.warning("domain %s: controller status failed: %r", self.name, error)
+                    return None
                 return value if isinstance(value, dict) else None
         return None
 

@@ -10,6 +10,8 @@ with immutable snapshots; a scrape reads whatever was published last."""
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import platform
 import socket
 import threading
@@ -131,6 +133,24 @@ class LoopSnapshot:
     recording_dropped_ticks_total: int = 0
     """Ticks left out of the ``--record`` file: the disk had not taken the ticks queued
     before them (``Recorder.dropped_ticks``; 0 without a recording)."""
+
+
+def _real(value: object) -> float | None:
+    """``value`` as a finite float when it is a real number (a bool is 0 or 1, numpy's
+    scalars count), else None: a learner's status, an outside controller's included, may
+    hold anything, and one odd value must not fail the scrape."""
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _items(value: object) -> list[tuple[Any, Any]]:
+    """A status field's ``(key, value)`` pairs when it is a mapping, else none."""
+    return list(value.items()) if isinstance(value, Mapping) else []
 
 
 def _whole_counts(buckets: Iterable[tuple[str, float]]) -> list[tuple[str, float]]:
@@ -458,15 +478,20 @@ class SnapshotCollector(Collector):
             if not model:
                 continue
             key = [s.domain]
-            samples.add_metric(key, float(model.get("samples", 0)))
-            for fit, value in (model.get("residual_rms") or {}).items():
-                if fit in residuals:
-                    residuals[fit].add_metric(key, float(value))
-            confidence.add_metric(key, float(model.get("confidence", 0.0)))
+            for family, value, scale in (
+                (samples, model.get("samples", 0), 1.0),
+                (confidence, model.get("confidence", 0.0), 1.0),
+                (floor, model.get("floor_mhz"), MHZ),
+            ):
+                number = _real(value)
+                if number is not None:
+                    family.add_metric(key, number * scale)
+            for fit, value in _items(model.get("residual_rms")):
+                number = _real(value)
+                if fit in residuals and number is not None:
+                    residuals[fit].add_metric(key, number)
             exploring.add_metric(key, 1.0 if model.get("exploring") else 0.0)
             warmup.add_metric(key, 0.0 if model.get("warmed_up") else 1.0)
-            if model.get("floor_mhz") is not None:
-                floor.add_metric(key, float(model["floor_mhz"]) * MHZ)
             guard.add_metric(
                 key, 1.0 if model.get("reason") in ("burst-guard", "warm-up-guard") else 0.0
             )
@@ -475,11 +500,17 @@ class SnapshotCollector(Collector):
                 1.0 if model.get("reason") in ("decode-descent", "warm-up-descent") else 0.0,
             )
             efficiency.add_metric(key, 1.0 if model.get("reason") == "efficiency-floor" else 0.0)
-            backoffs.add_metric(key, float(model.get("backoffs", 0)))
-            resets.add_metric(key, float(model.get("resets", 0)))
-            for name, value in (model.get("slo_budget") or {}).items():
-                if name in budget and value is not None:
-                    budget[name].add_metric(key, float(value))
+            for family, value in (
+                (backoffs, model.get("backoffs", 0)),
+                (resets, model.get("resets", 0)),
+            ):
+                number = _real(value)
+                if number is not None:
+                    family.add_metric(key, number)
+            for name, value in _items(model.get("slo_budget")):
+                number = _real(value)
+                if name in budget and number is not None:
+                    budget[name].add_metric(key, number)
         yield samples
         yield from residuals.values()
         yield from (confidence, exploring, warmup, floor, guard, descent, efficiency)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -478,3 +481,69 @@ def test_the_estimated_request_energy_histogram_is_valid_openmetrics() -> None:
         }
         shown.append([s.value for s in family.samples if s.name.endswith("_bucket")])
     assert shown == [[1, 3, 41, 213], [1, 4, 41, 214]]
+
+
+class _StatusReporting:
+    """An outside controller (the top clock) with a ``status()`` of its own: a dict that
+    is not mpc-online's, or an error."""
+
+    def __init__(self, clocks: Sequence[float], raises: bool) -> None:
+        self.clocks, self.raises = clocks, raises
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return self.clocks[-1]
+
+    def status(self) -> dict[str, Any]:
+        if self.raises:
+            raise RuntimeError("status is broken")
+        return {"samples": "many", "confidence": None, "residual_rms": "n/a", "resets": [1]}
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["odd-status", "status-raises"])
+def test_an_outside_controllers_own_status_neither_breaks_a_scrape_nor_the_loop(
+    vllm_server: MetricsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    raises: bool,
+) -> None:
+    """A controller from another package with a ``status()`` method is taken for a learner
+    and its status exported as the learned model's. A status of other values made every
+    scrape a 500 (a traceback on stderr); one that raised ended the run."""
+    import types
+
+    plugin = types.ModuleType("gpugov_status_plugin")
+    plugin.make = lambda context: _StatusReporting(context.supported_clocks_mhz, raises)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpugov_status_plugin", plugin)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "external", "factory": "gpugov_status_plugin:make"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=FakeNvml(1))
+    pages: list[str] = []
+    with Exporter("127.0.0.1", 0) as exporter:
+
+        def on_step(step: int, records: list[Any]) -> None:
+            with urllib.request.urlopen(exporter.url, timeout=5) as response:
+                pages.append(response.read().decode())
+
+        try:
+            with caplog.at_level(logging.WARNING):
+                records, _ = run_ticks(assembled.domains, 4, on_step=on_step, exporter=exporter)
+        finally:
+            assembled.close()
+    assert [r.decision_mhz for r in records] == [1980.0] * 4
+    names = {s.name for f in text_string_to_metric_families(pages[-1]) for s in f.samples}
+    assert "gpugov_loop_ticks_total" in names
+    assert not names & {"gpugov_model_samples_total", "gpugov_model_confidence_ratio"}
+    failed = [r.getMessage() for r in caplog.records if "status" in r.getMessage()]
+    if raises:  # said once, not each tick
+        assert len(failed) == 1 and "status is broken" in failed[0], failed
