@@ -764,6 +764,8 @@ class Exporter:
         self._published_s: float | None = None
         self._period_s = 1.0
         self._server: BoundedServer | None = None
+        self._scrape_failure: str | None = None
+        """The last failed scrape's reason, logged once until another is met."""
         self._thread: threading.Thread | None = None
         self.host, self.port = host, port
         if serve:
@@ -772,16 +774,30 @@ class Exporter:
     def _start(self, host: str, port: int) -> None:
         metrics = make_wsgi_app(self.registry)
 
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            if environ.get("PATH_INFO") != HEALTH_PATH:
-                served: Iterable[bytes] = metrics(environ, start_response)
-                return served
-            healthy, text = self.health()
+        def answer(start_response: Callable[..., Any], status: str, text: str) -> list[bytes]:
+            """A plain-text answer of one line (the liveness path's, a failed scrape's)."""
             body = (text + "\n").encode()
-            status = "200 OK" if healthy else "503 Service Unavailable"
             headers = [("Content-Type", "text/plain; charset=utf-8")]
             start_response(status, [*headers, ("Content-Length", str(len(body)))])
             return [body]
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") == HEALTH_PATH:
+                healthy, text = self.health()
+                return answer(
+                    start_response, "200 OK" if healthy else "503 Service Unavailable", text
+                )
+            try:
+                served: Iterable[bytes] = metrics(environ, start_response)
+            except Exception as error:  # a snapshot nobody foresaw: one line, no traceback
+                reason = f"{type(error).__name__}: {error}"
+                if reason != self._scrape_failure:
+                    self._scrape_failure = reason
+                    log.warning("metrics scrape failed: %s", reason)
+                return answer(
+                    start_response, "500 Internal Server Error", f"metrics unavailable: {reason}"
+                )
+            return served
 
         class Server(BoundedServer):
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import replace
@@ -547,3 +548,28 @@ def test_an_outside_controllers_own_status_neither_breaks_a_scrape_nor_the_loop(
     failed = [r.getMessage() for r in caplog.records if "status" in r.getMessage()]
     if raises:  # said once, not each tick
         assert len(failed) == 1 and "status is broken" in failed[0], failed
+
+
+def test_a_scrape_that_fails_is_one_logged_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Should the collector fail, the scrape answers 500 with one line, and the log says
+    it once; wsgiref printed a traceback on stderr for each scrape."""
+    with Exporter("127.0.0.1", 0) as exporter:
+
+        def broken(*args: object) -> None:
+            raise ValueError("a snapshot nobody foresaw")
+
+        monkeypatch.setattr(exporter.collector, "_families", broken)
+        answers = []
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.exporter"):
+            for _ in range(2):
+                with pytest.raises(urllib.error.HTTPError) as failed:
+                    urllib.request.urlopen(exporter.url, timeout=5)
+                answers.append((failed.value.code, failed.value.read().decode()))
+    assert answers == [(500, "metrics unavailable: ValueError: a snapshot nobody foresaw\n")] * 2
+    assert "Traceback" not in capfd.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
+    assert lines == ["metrics scrape failed: ValueError: a snapshot nobody foresaw"], lines
