@@ -12,7 +12,7 @@ from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.config import GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
-from gpugov.daemon.errors import GpugovError
+from gpugov.daemon.errors import GpugovError, GpuLost
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
 from gpugov.daemon.loop import ResetAdvice
@@ -58,7 +58,7 @@ def reset_left_locks(
             continue
         named, backend, calls = _open_recorded(config, key, entry, stop, deadline_s)
         found = f"GPU {named} ({key}), not in this config: {left_by(entry)}"
-        if isinstance(backend, str) and _emulator_lacks(config, named, calls):
+        if isinstance(backend, Exception) and _emulator_lacks(config, named, calls):
             # Its lock lived in the emulator, which now has no such GPU (restarted with
             # fewer): the record was kept for good, its reset command refused (no GPU N).
             state.clear(key)
@@ -66,8 +66,9 @@ def reset_left_locks(
                 f"{found}; the emulator has no GPU {named} now (restarted with fewer "
                 "GPUs), and its lock went with the old one; record dropped"
             )
-        elif isinstance(backend, str):
-            line = f"{found}; not reset ({backend}): {_reset_command(advice, named)}"
+        elif isinstance(backend, Exception):
+            then = _lost_advice(backend) or _reset_command(advice, named)
+            line = f"{found}; not reset ({backend}): {then}"
         else:
             try:
                 if gpu_key(backend) != key and _by_index(key, entry, backend):
@@ -117,7 +118,8 @@ def reset_left_locks(
                     state.clear(key)
                     line = f"{found}; reset"
             except (GpugovError, CallTimeout) as error:
-                line = f"{found}; reset FAILED ({error}): {_reset_command(advice, named)}"
+                then = _lost_advice(error) or _reset_command(advice, named)
+                line = f"{found}; reset FAILED ({error}): {then}"
             finally:
                 _close_recorded(backend, calls)
         log.warning("reconcile: %s", line)
@@ -182,10 +184,10 @@ def _open_recorded(
     entry: dict[str, Any],
     stop: threading.Event | None,
     deadline_s: float,
-) -> tuple[str, GpuBackend | str, SerialCalls]:
+) -> tuple[str, GpuBackend | Exception, SerialCalls]:
     """A GPU a state file entry names, as it names it: ``(its name, the opened backend or
-    why it could not be opened, the worker its calls run on)``, the open waited for at most
-    ``deadline_s``."""
+    the error that kept it from opening, the worker its calls run on)``, the open waited
+    for at most ``deadline_s``."""
     named = str(entry.get("gpu", key))
     gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
     calls = SerialCalls(deadline_s, name=f"left-{named}", cause="a hung GPU call")
@@ -200,7 +202,7 @@ def _open_recorded(
             )
         )
     except (GpugovError, ValueError, CallTimeout) as error:  # ValueError: a split backend's usage
-        return named, str(error), calls
+        return named, error, calls
     return named, backend, calls
 
 
@@ -225,6 +227,15 @@ def _close_recorded(backend: GpuBackend, calls: SerialCalls) -> None:
         calls.call(backend.close)
     except CallTimeout as error:
         log.debug("GPU %s: not closed after the start's reset: %s", backend.label, error)
+
+
+def _lost_advice(error: Exception, what: str = "lock") -> str | None:
+    """What to do about a GPU a start could not reset (or restore) for ``error`` when it is
+    lost: no command reaches it (a `gpugov reset-clocks` fails on it as the start did), and
+    the driver reload or reboot it needs clears its ``what``; None for another error."""
+    if not isinstance(error, GpuLost):
+        return None
+    return f"no command reaches a lost GPU: the driver reload or reboot it needs clears its {what}"
 
 
 def _reset_command(advice: ResetAdvice, named: str) -> str:
@@ -257,8 +268,9 @@ def _restore_left_power_limits(
             f"GPU {named} ({key}), not in this config: a previous gpugov run set its power limit"
         )
         advice = f"{_reset_command(reset, named)} (it restores the recorded limit)"
-        if isinstance(backend, str):
-            line = f"{found}; not restored ({backend}): {advice}"
+        if isinstance(backend, Exception):
+            then = _lost_advice(backend, "power limit") or advice
+            line = f"{found}; not restored ({backend}): {then}"
         else:
             try:
                 if gpu_key(backend) != key:

@@ -848,6 +848,37 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_lock_a_killed_run_left_on_a_lost_gpu_no_longer_configured_names_no_command(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run on GPUs 0 and 1 is killed, GPU 1 falls off the bus, and the next start
+    governs GPU 0 only. GPU 1's line named `gpugov reset-clocks --gpus 1`, which fails on a
+    lost GPU as the reset did; it now says that no command reaches it, and the record is
+    kept (the driver reload or reboot it needs clears the lock, and the start after it
+    finds what is left)."""
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    fake.lose(1)
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    assert fake.locked(0) is None
+    assert set(LockState(state_dir).read()) == {"GPU-fake-0001"}
+    lines = [r.getMessage() for r in caplog.records if "not in this config" in r.getMessage()]
+    (lost,) = [line for line in lines if "GPU 1 " in line]
+    assert "reset-clocks" not in lost, lost
+    assert "GPU is lost" in lost and "no command reaches a lost GPU" in lost, lost
+
+
 def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restored(
     tmp_path: Path,
     metrics_server: MetricsServer,
