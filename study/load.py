@@ -174,8 +174,10 @@ def run_load(
             if progress is not None:  # the window is sent: say what the wait is on
                 with lock:
                     in_flight = sent - len(timings)
+                # Every request sent: the window is done (one of 0 s, a burst at one
+                # instant, read 0.0 % while it drained).
                 progress.update(
-                    min(clock() - start, window_s),
+                    progress.total if sent == len(workload) else min(clock() - start, window_s),
                     f"{sent} requests sent, draining {in_flight} in flight "
                     f"(at most {format_duration(max(0.0, deadline - clock()))} more)",
                 )

@@ -24,7 +24,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from gpugov.daemon.files import write_text_atomic
     from gpugov.daemon.progress import Progress
     from gpugov.plant.workload import format_seconds
-    from gpugov.study.load import format_report, run_load, summarize
+    from gpugov.study.load import LoadRun, format_report, run_load, summarize
     from gpugov.study.openai_client import (
         EngineUnreachable,
         base_url,
@@ -98,6 +98,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     progress = Progress(max(window, 1e-9), "load", unit="s", enabled=not args.quiet)
     energy = _EnergyRun(args.governor_metrics, truth_base) if args.governor_metrics else None
+    run: LoadRun | None = None
     try:
         if energy is not None:
             energy.start()
@@ -116,7 +117,9 @@ def cmd_load(args: argparse.Namespace) -> int:
             stop=stop,
         )
     finally:
-        progress.close()
+        # Every request sent: the last line shows the whole window done, whatever its span.
+        sent_all = run is not None and run.not_sent == 0
+        progress.close(done=progress.total if sent_all else None)
         if energy is not None:
             energy.finish()
         for sig, old in previous.items():

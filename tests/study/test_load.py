@@ -70,6 +70,18 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
     assert err[-1].startswith("gpugov: error:") and "none.csv" in err[-1]
 
 
+def test_a_load_of_one_instant_ends_its_progress_at_100_percent(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every request at one timestamp is a window of 0 s: the last progress line of a run
+    that sent and finished them all read "0.0% (0/0 s)"."""
+    trace = tmp_path / "burst.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "0,64,4\n" * 3)
+    assert main(["load", "--trace", str(trace), "--url", emulator.url]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("load:")]
+    assert lines and lines[-1].startswith("load: 100.0% (0/0 s)"), lines
+
+
 @pytest.mark.parametrize(
     "rows",
     [
