@@ -18,7 +18,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.daemon.attainment import Buckets
 from gpugov.daemon.errors import EngineParseError
-from gpugov.daemon.exposition import RANK_LABELS, Aggregate, Series, aggregate
+from gpugov.daemon.exposition import (
+    RANK_LABELS,
+    Aggregate,
+    Series,
+    aggregate,
+    escape_label_value,
+)
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
 
@@ -565,7 +571,7 @@ def _series_text(name: str, labels: dict[str, str]) -> str:
 def _escaped(value: str) -> str:
     """A label value as exposition text writes it: backslash, double quote and newline
     escaped; any other control character as its code, so a quoted series is one line."""
-    value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    value = escape_label_value(value)
     if value.isprintable():  # the common case, every scrape's _created series
         return value
     return "".join(

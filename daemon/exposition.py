@@ -31,6 +31,12 @@ Aggregate = Literal["sum", "mean"]
 Series = dict[str, list[tuple[dict[str, str], float]]]
 
 
+def escape_label_value(value: str) -> str:
+    """``value`` as exposition text quotes a label value: backslash, double quote and
+    newline escaped, as the text format defines."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def sample_name(line: str) -> str:
     """The sample name a line of exposition text starts with."""
     end = len(line)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpugov.daemon.exposition import escape_label_value
 from gpugov.plant.engine_counters import ITERATION_TOKEN_BUCKETS
 from gpugov.study.emulate.node import EmulatedNode, Histogram
 
@@ -16,8 +17,10 @@ BLOCK_SIZE = 16
 
 
 def _labels(model: str, engine: int, **extra: str) -> str:
+    """A series' labels as the page writes them, values escaped (a served model name may
+    hold a quote or a backslash)."""
     pairs = {"engine": str(engine), **extra, "model_name": model}
-    return ",".join(f'{key}="{value}"' for key, value in pairs.items())
+    return ",".join(f'{key}="{escape_label_value(value)}"' for key, value in pairs.items())
 
 
 def _number(value: float) -> str:

@@ -135,6 +135,15 @@ def test_the_emulators_pages_show_their_replicas() -> None:
     assert VllmSource("x", fetch=lambda url, t: own).scrape().engines == 1
 
 
+def test_the_emulators_page_escapes_a_served_model_name() -> None:
+    """A served model name with a quote, a backslash or braces is escaped on the emulated
+    page, which parses back to the same name (unescaped, every scrape failed)."""
+    name = 'org/My "quoted" \\ model-{8B}'
+    node = EmulatedNode(make_plant(), gpus=1, seed=1, clock=lambda: 0.0)
+    page = render_metrics(node, name)
+    assert VllmSource("x", fetch=lambda url, t: page).scrape().model_name == name
+
+
 def test_no_scrape_yet_and_a_bare_sample_are_one_engine() -> None:
     assert EngineSample("vllm", 0, 0).engines == 1
 
