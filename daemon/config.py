@@ -734,15 +734,18 @@ _CONTROLLER_PROFILES = ("profile", "prior_profile")
 
 
 def _rebased(value: Any, base: Path, *, profile: bool = False) -> Any:
-    """``value`` (a path as written) taken from ``base`` when it is relative; anything
-    else (an absolute path, ``~``, no text) as it is (validation names it). A profile
-    key's value is a path only where it reads as one (a ``.json`` or ``.csv`` name, or a
-    folder in it); else a bundled name."""
+    """``value`` (a path as written) taken from ``base`` when it is relative, from the
+    home when it starts with ``~`` (as a shell takes it; kept as written it named a
+    folder ``~`` in the working directory); anything else (an absolute path, no text) as
+    it is (validation names it). A profile key's value is a path only where it reads as
+    one (a ``.json`` or ``.csv`` name, or a folder in it); else a bundled name."""
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         return value
     if profile and not written_as_path(value):
         return value
-    if value.startswith("~") or Path(value).is_absolute():
+    if value.startswith("~"):
+        return os.path.expanduser(value)  # ~nobody (no such user) stays: LoosePath refuses it
+    if Path(value).is_absolute():
         return value
     return str(base / value)
 

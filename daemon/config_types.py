@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +31,11 @@ def _no_nul(value: Path) -> Path:
     # A NUL byte passes Path() but no system call: check-config said OK and run crashed.
     if "\x00" in str(value):
         raise ValueError("a path cannot hold a NUL byte")
+    # Left as written, ~name/... is a folder named ~name in the working directory.
+    if str(value).startswith("~"):
+        raise ValueError(
+            f"{str(value)!r:.60} names the home of no user on this machine; write the full path"
+        )
     return value
 
 
@@ -38,7 +44,9 @@ def _path_text(value: Any) -> Any:
     # 'pathlib.Path'>") names a Python class, not what to write.
     if not isinstance(value, str | Path):
         raise ValueError(f"must be a file or directory name in quotes, got {value!r:.40}")
-    return value
+    # ~/... is the home's, as a shell takes it (a spec's open-loop:~/plan.json is no
+    # word the shell expands).
+    return os.path.expanduser(value) if str(value).startswith("~") else value
 
 
 LoosePath = Annotated[

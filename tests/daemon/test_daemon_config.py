@@ -416,8 +416,8 @@ def test_relative_paths_are_taken_from_the_config_files_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As Prometheus reads its rule files: a config checked beside it and run by systemd
-    (working directory /) names the same files. Absolute paths, `~` and bundled profile
-    names stay as written."""
+    (working directory /) names the same files. Absolute paths and bundled profile names
+    stay as written; a `~` path is the home's."""
     folder = tmp_path / "etc"
     folder.mkdir()
     config = folder / "config.toml"
@@ -442,17 +442,73 @@ controller = { kind = "mpc", profile = "h100-sxm-llama3-8b" }
 """
     )
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     loaded = load_config("etc/config.toml")
     assert loaded.daemon.record == folder / "record.jsonl"
     assert loaded.daemon.state_dir == Path("/var/lib/gpugov")
     assert loaded.daemon.zeusd is not None
     assert loaded.daemon.zeusd.socket == folder / "run" / "zeusd.sock"
-    assert loaded.daemon.zeusd.token_file == Path("~/zeusd.token")
+    assert loaded.daemon.zeusd.token_file == tmp_path / "home" / "zeusd.token"
     first, second = loaded.domains
     assert first.power_budget_file == folder / "budget" / "limit"
     assert first.controller.prior_profile == str(folder / "profiles" / "mine.json")  # type: ignore[union-attr]
     assert first.controller.state_dir == folder / "state"  # type: ignore[union-attr]
     assert second.controller.profile == "h100-sxm-llama3-8b"  # type: ignore[union-attr]
+
+
+def test_a_home_path_in_the_file_is_the_homes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~/...` names a file in the home, as a shell takes it: it was kept as written and
+    read as a folder named `~` in the working directory (under systemd, `/~/...`), where
+    the daemon made its state directory and `check-config` looked for the record's."""
+    home = tmp_path / "home"
+    config = tmp_path / "config.toml"
+    config.write_text(
+        """
+[daemon]
+record = "~/record.jsonl"
+state_dir = "~/state"
+[[domains]]
+name = "a"
+gpus = [0]
+power_budget_file = "~/budget"
+controller = { kind = "mpc-online", prior_profile = "~/mine.json", state_dir = "~/learned" }
+"""
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    loaded = load_config(config)
+    assert loaded.daemon.record == home / "record.jsonl"
+    assert loaded.daemon.state_dir == home / "state"
+    domain = loaded.domains[0]
+    assert domain.power_budget_file == home / "budget"
+    assert domain.controller.prior_profile == str(home / "mine.json")  # type: ignore[union-attr]
+    assert domain.controller.state_dir == home / "learned"  # type: ignore[union-attr]
+
+
+def test_a_home_of_no_user_is_refused(tmp_path: Path) -> None:
+    """`~nobody-here/...` (no such user) names no home: one line naming the key, where it
+    was read as a folder `~nobody-here` in the working directory."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[daemon]\nstate_dir = "~gpugov-no-such-user/state"\n[[domains]]\nname = "a"\ngpus = [0]\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(info.value) == (
+        f"{config}: daemon.state_dir: '~gpugov-no-such-user/state' names the home of no user "
+        "on this machine; write the full path"
+    )
+
+
+def test_an_open_loop_spec_takes_its_plan_from_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--controller open-loop:~/plan.json`: no shell expands a `~` after the colon."""
+    from gpugov.daemon.controller_spec import parse_controller_spec
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    spec = parse_controller_spec("open-loop:~/plan.json")
+    assert spec.plan == Path("/home/someone/plan.json")  # type: ignore[union-attr]
 
 
 def test_an_unset_period_follows_the_controllers() -> None:
