@@ -363,8 +363,8 @@ def environ_watchdog_s(environ: Mapping[str, str] | None = None) -> float | None
 
 
 def describe_config(config: GpugovConfig) -> str:
-    """A few lines naming every domain's GPUs, engine, controller and limits, each
-    escaped (:func:`~gpugov.daemon.errors.printable`)."""
+    """A few lines naming every domain's GPUs, pool role, engine, controller and limits,
+    each escaped (:func:`~gpugov.daemon.errors.printable`)."""
     d = config.daemon
     lines = [
         f"  period {d.period_s:g} s, backend {d.backend}, metrics "
@@ -375,8 +375,9 @@ def describe_config(config: GpugovConfig) -> str:
         options = ", ".join(f"{k}={v}" for k, v in controller.items() if v is not None)
         floor = domain.safety.floor_mhz
         target = domain.slo_target
+        role = domain.role or "from the engine's labels, else colocated"
         lines.append(
-            f"  domain {domain.name}: GPUs {', '.join(map(str, domain.gpus))}; "
+            f"  domain {domain.name}: GPUs {', '.join(map(str, domain.gpus))}; role {role}; "
             f"engine {domain.engine.kind} at {domain.engine.url}; "
             f"controller {domain.controller.kind}{f' ({options})' if options else ''}"
             + (

@@ -320,3 +320,21 @@ def test_status_shows_the_role_the_labels_state(
     assert "reachable (sglang, 2 waiting, 32 running, labels say role decode)" in (
         capsys.readouterr().out
     )
+
+
+def test_check_config_names_each_domain_role(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A configured pool role is part of what check-config says the domain runs as; a
+    domain without one says where its role comes from."""
+    from gpugov.daemon import node_cli
+
+    path = tmp_path / "node.toml"
+    path.write_text(
+        "[[domains]]\nname = 'd'\ngpus = [1]\nrole = 'decode'\ntpot_slo_s = 0.05\n"
+        "[[domains]]\nname = 'c'\ngpus = [0]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n"
+    )
+    assert node_cli.main(["check-config", "--offline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "  domain d: GPUs 1; role decode; engine " in out
+    assert "  domain c: GPUs 0; role from the engine's labels, else colocated; engine " in out
