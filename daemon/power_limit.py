@@ -7,7 +7,9 @@ A controller that sets a power cap (:class:`~gpugov.plant.types.PowerCapping`: t
 node is the limit each GPU had before gpugov set one. :class:`PowerLimitActuator` applies
 it as the clock actuator (:mod:`daemon.actuator`) applies a clock:
 
-* the domain's watts are split evenly over its GPUs, and each GPU's share is clamped into
+* the domain's watts are split over its GPUs so that their limits add up to the cap (an
+  equal share, the difference of a GPU whose bounds clamp it taken by the others:
+  :meth:`~daemon.power_limit_bounds.PowerLimitBounds.level`), each GPU's share clamped into
   the limits it accepts (``nvmlDeviceGetPowerManagementLimitConstraints``) and never above
   the limit it had before gpugov (gpugov lowers limits, it never raises one an operator
   set); a clamped request is logged once;
@@ -299,17 +301,26 @@ class PowerLimitActuator:
             return 0
         if request is None:
             return self._release()
-        share = request / len(self._backends)
         written = 0
+        ready: list[tuple[PowerLimitBackend, float]] = []
         for backend in self._backends:
-            label = backend.label
             if not self._settled(backend, "write"):
                 continue  # a write to it still hangs: none other is started
             original = self._original(backend)
             if self.refused is not None:
                 break  # refused: this read, or the hung write that returned
-            if original is None:
-                continue  # a transient failure reading it: tried again next tick
+            if original is not None:  # else a transient failure reading it: next tick
+                ready.append((backend, original))
+        if self.refused is not None:
+            self._release()
+            return written
+        share = self.bounds.level(
+            request, self._backends, self.original_w, {b.label for b, _ in ready}
+        )
+        for backend, original in ready:
+            if self.refused is not None:
+                break  # a write refused for good: no cap from now on
+            label = backend.label
             value = self.bounds.clamped(backend, share, original, request)
             if abs(value - original) < 1e-3:  # its own limit: restore it if gpugov set one
                 if label in self.ledger.touched and self._restore_one(backend, at_exit=False) == (

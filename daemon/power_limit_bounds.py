@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpugov.daemon.backend import PowerLimitBackend
@@ -78,6 +78,54 @@ class PowerLimitBounds:
                 log.debug("GPU %s: power limit constraints not read: %s", label, error)
                 return None
         return self._read[label]
+
+    def level(
+        self,
+        cap_w: float,
+        backends: Sequence[PowerLimitBackend],
+        originals_w: Mapping[str, float],
+        ready: Collection[str],
+    ) -> float:
+        """The share each GPU is asked for so that their limits, each share clamped into
+        the GPU's bounds (:meth:`clamped`), add up to ``cap_w``: an equal share, and where
+        a GPU's bounds clamp it, the others take the difference as far as theirs allow
+        (GPUs of one domain may hold unequal limits). ``originals_w``: each GPU's limit
+        before gpugov where known (its ceiling); the constraints of the GPUs in ``ready``
+        are read if not known yet, the others' (a call to them hangs) taken as known.
+        A cap the GPUs cannot meet is the equal share, or less (each GPU at its lowest).
+
+        Raises:
+            GpuLost: a GPU fell off the bus reading its constraints.
+        """
+        bounds = []
+        for backend in backends:
+            label = backend.label
+            limits = self.constraints(backend) if label in ready else self._read.get(label)
+            lowest = 0.0 if limits is None else limits[0]
+            highest = math.inf if limits is None else limits[1]
+            if (original := originals_w.get(label)) is not None:
+                highest = min(highest, original)
+            bounds.append((lowest, max(lowest, highest)))
+        even = cap_w / len(bounds)
+
+        def total(share: float) -> float:
+            return sum(min(max(share, low), high) for low, high in bounds)
+
+        if total(even) >= cap_w:  # the level is at or below the equal share
+            low, high = min(b[0] for b in bounds), even
+            if total(low) >= cap_w:
+                return min(low, even)  # below what they accept together: each at its lowest
+        else:  # a GPU's ceiling clamps its share: the others take more
+            low, high = even, min(max(b[1] for b in bounds), max(cap_w, even))
+            if total(high) <= cap_w:
+                return max(high, even)  # more than they hold together: each at its ceiling
+        while high - low > 1e-4:  # the total grows with the share: bisect to 0.1 mW
+            middle = (low + high) / 2.0
+            if total(middle) < cap_w:
+                low = middle
+            else:
+                high = middle
+        return high
 
     def clamped(
         self, backend: PowerLimitBackend, share_w: float, original_w: float, cap_w: float | None

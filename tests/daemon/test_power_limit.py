@@ -109,6 +109,28 @@ def test_the_cap_is_split_over_the_gpus_written_on_change_and_restored(
     assert actuator.applied_w is None
 
 
+def test_a_cap_over_gpus_with_unequal_limits_sums_to_the_cap(fake_nvml: FakeNvml) -> None:
+    """GPUs of one domain with unequal limits: a GPU whose bounds clamp its equal share
+    leaves the difference to the others, so the domain's limits add up to the cap (an
+    even split left 100 W of a 1,000 W cap unused, and put a 500 W cap 75 W over)."""
+    fake_nvml.gpus[1].power_limit_mw = 400_000  # an operator's own, lower limit
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(1_000.0)
+    assert _limits_mw(fake_nvml) == [600_000, 400_000]
+    assert actuator.applied_w == pytest.approx(1_000.0)
+    actuator.apply(1_200.0)  # more than the GPUs hold together: each at its own limit
+    assert _limits_mw(fake_nvml) == [700_000, 400_000]
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [700_000, 400_000]
+    fake_nvml.gpus[1].power_limit_min_mw = 300_000  # a GPU that accepts no lower
+    fake_nvml.gpus[0].power_limit_min_mw = 100_000
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(500.0)
+    assert _limits_mw(fake_nvml) == [200_000, 300_000]
+    actuator.apply(300.0)  # below what they accept together: each at its lowest
+    assert _limits_mw(fake_nvml) == [100_000, 300_000]
+
+
 def test_a_cap_back_to_none_restores_the_original_limit(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpus[1].power_limit_mw = 650_000  # an operator's own limit, kept as the original
     actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
@@ -128,7 +150,7 @@ def test_a_limit_an_operator_set_while_gpugov_held_none_is_the_new_original(
     actuator.apply(None)  # the fail-safe, say: the GPUs' own limits
     fake_nvml.gpus[0].power_limit_mw = 350_000  # nvidia-smi -pl 350 meanwhile
     actuator.apply(800.0)
-    assert _limits_mw(fake_nvml) == [350_000, 400_000]  # never raised above theirs
+    assert _limits_mw(fake_nvml) == [350_000, 450_000]  # never raised above theirs
     assert actuator.restore() == []
     assert _limits_mw(fake_nvml) == [350_000, 700_000]
 
@@ -151,8 +173,8 @@ def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
         actuator.apply(1_040.0)
     assert _limits_mw(fake_nvml) == [450_000, 350_000]  # neither raised
     assert caplog.text.count("which gpugov did not set") == 2  # once a GPU
-    actuator.apply(820.0)  # 410 W: under GPU 0's outside limit, over GPU 1's
-    assert _limits_mw(fake_nvml) == [410_000, 350_000]
+    actuator.apply(720.0)  # 370 W for GPU 0: under its outside limit; GPU 1's stands
+    assert _limits_mw(fake_nvml) == [370_000, 350_000]
     record = LockState(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
     assert record is not None and record["original_mw"] == 450_000  # what a crash restores
     assert LockState(tmp_path).get_power_limit(fake_nvml.gpus[1].uuid) is None
