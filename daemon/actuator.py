@@ -216,14 +216,23 @@ class ClockActuator:
     @property
     def governed_mhz(self) -> int | None:
         """The clock every GPU gpugov still governs (the yielded ones aside) is locked to,
-        or None: the clock the exporter shows as applied."""
-        return _one_clock(m for label, m in self.locked_mhz.items() if label not in self.yielded)
+        or None: the clock the exporter shows as applied (none in a dry run)."""
+        return _one_clock(self._held_locks())
 
     @property
     def holds_lock(self) -> bool:
         """Whether a GPU holds a lock of gpugov's, or may hold one (a write failed half
         way): the exporter's ``gpugov_clock_locked``, whatever clocks the GPUs hold."""
-        return any(mhz is not None for mhz in self.locked_mhz.values())
+        return any(mhz is not None for mhz in self._held_locks())
+
+    def _held_locks(self) -> list[int | None]:
+        """The remembered lock of each GPU gpugov governs and really writes to: not one
+        yielded, nor one of a dry run (whose locks were only logged)."""
+        return [
+            self.locked_mhz[b.label]
+            for b in self._backends
+            if b.label not in self.yielded and not isinstance(b, DryRunBackend)
+        ]
 
     @property
     def hanging_writes(self) -> tuple[str, ...]:

@@ -573,3 +573,34 @@ def test_a_scrape_that_fails_is_one_logged_line_not_a_traceback(
     assert "Traceback" not in capfd.readouterr().err
     lines = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
     assert lines == ["metrics scrape failed: ValueError: a snapshot nobody foresaw"], lines
+
+
+def test_a_dry_run_shows_no_lock(vllm_server: MetricsServer) -> None:
+    """A dry run (gpugov-observe.service) decides a clock but locks nothing: the decision
+    is ``gpugov_requested_clock_hertz``, and the GPUs are shown unlocked; they were shown
+    locked at the clock it would have set."""
+    fake = FakeNvml(1)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, dry_run=True, nvml=fake)
+    domain = assembled.domains[0]
+    seen: list[dict[str, float]] = []
+    try:
+        run_ticks(
+            [domain], 3, on_step=lambda step, records: seen.append(_lock_gauges(domain.snapshot()))
+        )
+    finally:
+        assembled.close()
+    assert fake.writes == [] and domain.last_requested_mhz == 1410
+    assert seen == [{"gpugov_clock_locked": 0.0}] * 3
