@@ -326,7 +326,7 @@ def _main_guarded(argv: Sequence[str] | None) -> int:
 
     from gpugov.daemon.stop_signals import STOP_SIGNALS
 
-    previous: dict[signal.Signals, Any] = {}
+    previous: dict[int, Any] = {}
     for signum in STOP_SIGNALS:
         if signum == signal.SIGINT:
             continue
