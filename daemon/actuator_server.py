@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pwd
 import selectors
@@ -462,7 +463,11 @@ class ActuatorServer:
         asked = request.get("lease_s", DEFAULT_LEASE_S)
         if isinstance(asked, bool) or not isinstance(asked, int | float) or not asked > 0:
             raise Refused("bad_request", "lease_s must be a positive number of seconds")
-        conn.lease_s = min(max(float(asked), MIN_LEASE_S), self.max_lease_s)
+        try:
+            seconds = float(asked)
+        except OverflowError:  # an integer beyond any float (JSON allows it): the longest
+            seconds = math.inf
+        conn.lease_s = min(max(seconds, MIN_LEASE_S), self.max_lease_s)
         conn.deadline_s = self._clock() + conn.lease_s
         gpus = [
             {"gpu": label, "uuid": g.uuid, "min_mhz": g.min_mhz, "max_mhz": g.max_mhz}

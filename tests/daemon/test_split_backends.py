@@ -4,6 +4,7 @@ fake zeusd on loopback, and the config keys of both backends."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,37 @@ def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
         again.close()
     finally:
         gpu.close()
+        served.stop()
+
+
+def test_a_lease_too_large_for_a_float_is_the_longest_lease_not_an_internal_error(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hello whose ``lease_s`` is an integer beyond any float (JSON allows it) is
+    granted the longest lease, as an infinite one is; it was an OverflowError: an
+    ``internal error`` answer and a traceback in the actuator's log."""
+    import json
+    import os
+    import socket
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.settimeout(5)
+            peer.connect(str(socket_path))
+            stream = peer.makefile("rwb")
+            with caplog.at_level(logging.INFO, logger="gpugov.daemon.actuator_server"):
+                for huge in (b"1" + b"0" * 400, b"-1" + b"0" * 400):
+                    stream.write(b'{"op":"hello","lease_s":' + huge + b"}\n")
+                    stream.flush()
+                    answers = json.loads(stream.readline())
+                    if huge.startswith(b"-"):
+                        assert answers["error"] == "bad_request", answers
+                    else:
+                        assert answers["ok"] and answers["lease_s"] == 30.0, answers
+        assert "Traceback" not in caplog.text and "internal error" not in caplog.text
+    finally:
         served.stop()
 
 
