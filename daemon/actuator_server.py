@@ -354,8 +354,9 @@ class ActuatorServer:
             return
         conn.inbox += data
         while not conn.closing:
-            end = conn.inbox.find(b"\n")
+            end = conn.inbox.find(b"\n", 0, MAX_LINE_BYTES + 1)
             if end < 0:
+                # Over-long whether or not its end came in the same read.
                 if len(conn.inbox) > MAX_LINE_BYTES:
                     self._send(
                         conn, {"ok": False, "error": "bad_request", "message": "line too long"}

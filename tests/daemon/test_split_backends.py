@@ -240,6 +240,31 @@ def test_a_lease_too_large_for_a_float_is_the_longest_lease_not_an_internal_erro
         served.stop()
 
 
+def test_a_request_line_over_4_kib_closes_the_connection_even_when_it_ends(
+    socket_path: Path,
+) -> None:
+    """A line over the 4 KiB a request may hold is refused and its connection closed,
+    whether it arrives with its end or not; one that came whole in a read was served."""
+    import json
+    import os
+    import socket
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+            peer.settimeout(5)
+            peer.connect(str(socket_path))
+            stream = peer.makefile("rwb")
+            stream.write(b'{"op":"held","pad":"' + b"x" * 10_000 + b'"}\n')
+            stream.flush()
+            answer = json.loads(stream.readline())
+            assert answer == {"ok": False, "error": "bad_request", "message": "line too long"}
+            assert stream.readline() == b""  # closed
+    finally:
+        served.stop()
+
+
 def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
     import os
 
