@@ -23,6 +23,7 @@ can be overridden.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,8 +99,9 @@ class PoolSpec:
     scheduler: Scheduler = chunked_prefill_scheduler
 
     def __post_init__(self) -> None:
-        if int(self.replicas) != self.replicas or self.replicas < 1:
-            raise ValueError(f"PoolSpec.replicas must be an integer >= 1, got {self.replicas!r}")
+        replicas = self.replicas
+        if isinstance(replicas, bool) or not isinstance(replicas, numbers.Integral) or replicas < 1:
+            raise ValueError(f"PoolSpec.replicas must be an integer >= 1, got {replicas!r}")
 
     @property
     def gpus(self) -> int:

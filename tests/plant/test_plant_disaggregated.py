@@ -203,6 +203,11 @@ def test_bad_layouts_and_controllers_are_named(plant: ServingPlant) -> None:
         DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant), link_bandwidth_bytes_per_s=0.0)
     with pytest.raises(ValueError, match="replicas"):
         PoolSpec(plant, 0)
+    # A whole float or a bool is no engine count: it was taken, and the run failed later
+    # with a TypeError (range() of a float) or ran True as one engine.
+    for odd in (2.0, True):
+        with pytest.raises(ValueError, match="replicas must be an integer"):
+            PoolSpec(plant, odd)  # type: ignore[arg-type]
     layout = DisaggregatedPlant(PoolSpec(plant), PoolSpec(plant))
     with pytest.raises(ValueError, match="missing \\['decode'\\]"):
         simulate_disaggregated([Request(0, 0.0, 10, 5)], layout, {"prefill": _fixed(1000.0)})  # type: ignore[dict-item]
