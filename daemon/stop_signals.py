@@ -21,7 +21,6 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
         "SIGVTALRM",
         "SIGPROF",
         "SIGXCPU",
-        "SIGXFSZ",
         "SIGPOLL",
         "SIGPWR",
         "SIGSTKFLT",
@@ -32,9 +31,10 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
     if hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX")
     else ()
 )
-"""Every catchable signal whose default action ends the process (SIGPIPE stays ignored,
-as Python leaves it; the faults a crash raises, such as SIGSEGV or SIGABRT, stay the
-crash's): each one stops the loop and the clocks are reset. SIGPWR (LXC's stop of a
+"""Every catchable signal whose default action ends the process (SIGPIPE and SIGXFSZ stay
+ignored, as Python leaves them: a write past the file size limit is a failed write, as a
+full disk's, never a stop; the faults a crash raises, such as SIGSEGV or SIGABRT, stay
+the crash's): each one stops the loop and the clocks are reset. SIGPWR (LXC's stop of a
 container) and the real-time signals (systemd's halt in a container is SIGRTMIN+3)
 killed the daemon with its GPUs locked."""
 

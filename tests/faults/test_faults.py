@@ -428,13 +428,13 @@ scenario("stderr-pipe-not-read-ctrl-c")(_stderr_not_read(signal.SIGINT))
 # ------------------------------------------------------------------------ files
 def _limit_file_size(limit_bytes: int) -> Any:
     """A child's ``preexec``: files it writes stop at ``limit_bytes`` (a full disk's EFBIG
-    for each write past it), with SIGXFSZ blocked so the limit is a failed write, not the
-    stop signal it would otherwise be."""
+    for each write past it; a unit's ``LimitFSIZE=``). The SIGXFSZ each such write sends
+    is ignored, as Python leaves it: the limit is a failed write, never a stop (the
+    daemon stopped on it, exit 0, and a unit's ``Restart=on-failure`` left it stopped)."""
 
     def preexec() -> None:
         import resource
 
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGXFSZ})
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
     return preexec
