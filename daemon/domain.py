@@ -23,7 +23,7 @@ from gpugov.controllers.contract import (
     layers,
 )
 from gpugov.daemon.actuator import ClockActuator, ReconcilePolicy
-from gpugov.daemon.deadline import DecisionTimeout
+from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout, LatestReader, ReadTimeout
 from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ControllerFailure
@@ -52,6 +52,9 @@ daemon stops (``daemon.max_controller_failures``)."""
 CONTROLLER_ERROR_LOG_EVERY_S = 60.0
 """After the first controller exception is logged, at most one reminder per this many
 seconds while the controller keeps failing."""
+STATUS_DEADLINE_S = 0.05
+"""How long a tick waits for an outside controller's ``status()`` on a node (it only
+reports: past this, the last status it gave is shown)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,10 @@ class Domain:
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
         self._energy_failed = False
         self._status_failed = False
+        self._status_reader: LatestReader[Any] | None = None
+        """An outside controller's ``status()`` on a node, run on a worker thread and
+        waited for :data:`STATUS_DEADLINE_S` (:meth:`model_status`)."""
+        self._last_status: dict[str, Any] | None = None
 
     def _estimate_energy(self, observed: Observed) -> None:
         """Fold this tick into the energy estimate; a failure is logged once and never
@@ -492,18 +499,45 @@ class Domain:
     def model_status(self) -> dict[str, Any] | None:
         """The controller's learning status when it learns a model (``mpc-online``, or an
         outside controller with a ``status()``); a failure is logged once and never stops
-        the loop (the status only reports)."""
-        for layer in layers(self.controller):
+        the loop (the status only reports). On a node, an outside controller's status is
+        waited for at most :data:`STATUS_DEADLINE_S` on a worker thread (its decisions
+        are bounded by their deadline; a ``status()`` that blocks held the loop): past
+        it, the last status it gave."""
+        chain = layers(self.controller)
+        for layer in chain:
             if isinstance(layer, Learner):
                 try:
-                    value = layer.status()
+                    if any(isinstance(other, DecisionDeadline) for other in chain):
+                        value = self._bounded_status(layer)
+                    else:
+                        value = layer.status()
+                except ReadTimeout:
+                    self._status_warning(
+                        f"did not answer within {STATUS_DEADLINE_S:g} s (the last one kept)"
+                    )
+                    return self._last_status
                 except Exception as error:  # an outside controller's: never cost a tick
-                    if not self._status_failed:
-                        self._status_failed = True
-                        log.warning("domain %s: controller status failed: %r", self.name, error)
+                    self._status_warning(f"failed: {error!r}")
                     return None
-                return value if isinstance(value, dict) else None
+                self._last_status = value if isinstance(value, dict) else None
+                return self._last_status
         return None
+
+    def _bounded_status(self, learner: Learner) -> Any:
+        """``learner.status()`` on the status reader's thread, waited for at most
+        :data:`STATUS_DEADLINE_S` (:class:`~daemon.deadline.LatestReader`: while a late
+        call runs no other starts)."""
+        if self._status_reader is None:
+            self._status_reader = LatestReader(
+                learner.status, STATUS_DEADLINE_S, name=f"gpugov-status-{self.name}"
+            )
+        return self._status_reader.read()
+
+    def _status_warning(self, what: str) -> None:
+        """One warning line for a controller status that failed or hung, once a run."""
+        if not self._status_failed:
+            self._status_failed = True
+            log.warning("domain %s: controller status %s", self.name, what)
 
     def close_controller(self) -> None:
         """Let the controller release or persist what it holds (``mpc-online`` saves its

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -604,3 +605,61 @@ def test_a_dry_run_shows_no_lock(vllm_server: MetricsServer) -> None:
         assembled.close()
     assert fake.writes == [] and domain.last_requested_mhz == 1410
     assert seen == [{"gpugov_clock_locked": 0.0}] * 3
+
+
+_RELEASE_STATUS = threading.Event()
+"""Releases :class:`_HungStatus` (module-level: the warm-up copies the controller)."""
+
+
+class _HungStatus(_StatusReporting):
+    """An outside controller whose ``status()`` blocks (on a lock its own work holds)."""
+
+    def status(self) -> dict[str, Any]:
+        _RELEASE_STATUS.wait(10.0)  # bounded, so the test process never keeps the thread
+        return super().status()
+
+
+def test_an_outside_controllers_hung_status_does_not_hold_the_loop(
+    vllm_server: MetricsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On a node an outside controller's ``status()`` is waited for briefly on a worker
+    thread, as its decisions are: one that blocks is said once and the ticks and scrapes
+    go on (each tick's snapshot waited for it as long as it blocked)."""
+    import types
+
+    _RELEASE_STATUS.clear()
+    plugin = types.ModuleType("gpugov_hung_status_plugin")
+    plugin.make = lambda context: _HungStatus(context.supported_clocks_mhz, raises=False)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpugov_hung_status_plugin", plugin)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "external", "factory": "gpugov_hung_status_plugin:make"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=FakeNvml(1))
+    pages: list[str] = []
+    try:
+        with Exporter("127.0.0.1", 0) as exporter, caplog.at_level(logging.WARNING):
+
+            def on_step(step: int, records: list[Any]) -> None:
+                with urllib.request.urlopen(exporter.url, timeout=5) as response:
+                    pages.append(response.read().decode())
+
+            records, _ = run_ticks(assembled.domains, 4, on_step=on_step, exporter=exporter)
+    finally:
+        _RELEASE_STATUS.set()
+        assembled.close()
+    assert [r.decision_mhz for r in records] == [1980.0] * 4
+    assert len(pages) == 4
+    hung = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(hung) == 1, hung  # blocked, each tick waited for it and nothing was said
