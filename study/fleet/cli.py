@@ -107,7 +107,7 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
         run_fleet,
     )
     from gpugov.study.outputs import held_output_dir
-    from gpugov.study.scoreboard.scenarios import skipped_zero_token_rows
+    from gpugov.study.scoreboard.scenarios import trace_warnings
 
     control_period = control_period_of(args.control_period, args.controller)
     config = FleetConfig(
@@ -147,11 +147,8 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
     check_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     for line in check_inputs(config, quiet=args.quiet) or ():
         warn(line)
-    skipped = skipped_zero_token_rows(config.trace)
-    if skipped is not None and skipped[1]:
-        # As a replay says it (`simulate`, `load`): the rows left out are failed requests.
-        trace_file, count, rows = skipped
-        warn(f"{trace_file}: skipped {count} zero-token row(s) of {rows} (failed requests)")
+    for line in trace_warnings(config.trace):  # as a replay says them (`simulate`, `load`)
+        warn(line)
     inputs = [
         item
         for profile in config.profiles

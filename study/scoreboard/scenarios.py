@@ -342,33 +342,50 @@ def slo_capacity(
 
 
 _FULL_TRACES: dict[str, tuple[tuple[Request, ...], str]] = {}
-_SKIPPED_ROWS: dict[str, tuple[str, int, int]] = {}
+_TRACE_WARNINGS: dict[str, tuple[str, ...]] = {}
 
 
 def _full_trace(name: str, *, quiet: bool = False) -> tuple[tuple[Request, ...], str]:
-    """The whole trace ``name`` (zero-token rows skipped silently; how many:
-    :func:`skipped_zero_token_rows`) and its file's sha256, read once per process; a
-    progress line on stderr while a large file loads, unless ``quiet``."""
+    """The whole trace ``name`` (its warnings, zero-token rows skipped or stamps that look
+    like another unit, kept unsaid: :func:`trace_warnings`) and its file's sha256, read
+    once per process; a progress line on stderr while a large file loads, unless
+    ``quiet``."""
     if name not in _FULL_TRACES:
-        with warnings.catch_warnings(), trace_progress(name, enabled=not quiet) as on_progress:
-            warnings.simplefilter("ignore", TraceWarning)
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            trace_progress(name, enabled=not quiet) as on_progress,
+        ):
+            warnings.simplefilter("always", TraceWarning)
             requests, report = load_trace(name, on_progress=on_progress)
-        keep_full_trace(name, requests, report)
+        said = [str(w.message) for w in caught if issubclass(w.category, TraceWarning)]
+        keep_full_trace(name, requests, report, said)
+        for warning in caught:  # anything else, as it would have been shown
+            if not issubclass(warning.category, TraceWarning):
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
     return _FULL_TRACES[name]
 
 
-def keep_full_trace(name: str, requests: tuple[Request, ...], report: TraceLoadReport) -> None:
+def keep_full_trace(
+    name: str,
+    requests: tuple[Request, ...],
+    report: TraceLoadReport,
+    trace_warnings: Sequence[str] = (),
+) -> None:
     """Keep ``requests``, the whole trace ``name`` as loaded by the caller (``load_trace``
     without a window), as :func:`_full_trace`'s, so the file is not read a second time (a
-    day-long trace takes seconds to read)."""
+    day-long trace takes seconds to read); ``trace_warnings``: its load's warnings not yet
+    said."""
     _FULL_TRACES[name] = (requests, report.sha256)
-    _SKIPPED_ROWS[name] = (report.path, report.skipped_zero_token_rows, report.rows)
+    _TRACE_WARNINGS[name] = tuple(trace_warnings)
 
 
-def skipped_zero_token_rows(name: str) -> tuple[str, int, int] | None:
-    """``(file, rows skipped, rows)`` of the zero-token rows :func:`_full_trace` skipped
-    in trace ``name`` (None before it read the trace)."""
-    return _SKIPPED_ROWS.get(name)
+def trace_warnings(name: str) -> tuple[str, ...]:
+    """The warnings :func:`_full_trace` kept unsaid when it read trace ``name`` (zero-token
+    rows skipped, a first stamp that looks like a time since 1970 in another unit), for a
+    command that says them (``gpugov fleet``); none before it read the trace."""
+    return _TRACE_WARNINGS.get(name, ())
 
 
 def _window(

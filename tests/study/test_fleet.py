@@ -760,6 +760,27 @@ def test_zero_token_rows_the_fleet_leaves_out_are_said_once(
     ]
 
 
+def test_stamps_that_look_like_epoch_milliseconds_are_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``simulate`` says a first stamp of 1.7e12 looks like milliseconds since 1970 read as
+    seconds (the trace then runs 1000 times slower); the fleet dropped that warning with
+    the skipped-rows one it words itself."""
+    trace = tmp_path / "epoch_ms.csv"
+    rows = [f"{1_700_000_000_000 + 500 * i},{300 + i},30" for i in range(9)]
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    argv = ["fleet", "--trace", str(trace), "--duration", "20", "--drain", "5", "--nodes", "2"]
+    argv += ["--no-step", "--budgets", "0.8", "--allocators", "uniform", "--controller", "max"]
+    argv += ["--trace-start", "0", "--quiet", "--jobs", "1", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "1970" in line]
+    assert warnings == [
+        f"gpugov: warning: {trace}: the first timestamp 1700000000000 looks like milliseconds "
+        "since 1970, but the csv format reads its stamps as seconds: if so, the trace replays "
+        "1000 times slower than it was recorded (convert the stamps first)"
+    ]
+
+
 @pytest.mark.parametrize("start_s", [0.0, 0.5, 100.0, 1800.0])
 def test_a_trace_shorter_than_the_window_is_used_whole(tmp_path: Path, start_s: float) -> None:
     """Every request of a trace shorter than --duration is in each overlaid window, from any
