@@ -691,14 +691,28 @@ def warm_up(
     (``warm_kernels``). An outside controller's copy decides inside its
     :class:`daemon.outside.OutsideController` and, on a node, within its decision
     deadline (:meth:`daemon.deadline.DecisionDeadline.warm`, which raises
-    :class:`daemon.deadline.DecisionTimeout` past it).
+    :class:`daemon.deadline.DecisionTimeout` past it). An outside controller that cannot
+    be copied (it holds a lock, a socket, a client session) is not warmed up: one line
+    says so, and its first decision pays what a first call costs.
     """
     from gpugov.daemon.deadline import DecisionDeadline
     from gpugov.daemon.outside import outside_layer
 
     # An outside controller warms up at its edge (its sys.exit() is an error) and, on a
     # node, within its decision deadline, on the deadline's worker thread.
-    probe = copy.deepcopy(outside_layer(controller) or unwrap(controller))
+    outside = outside_layer(controller)
+    try:
+        probe = copy.deepcopy(outside or unwrap(controller))
+    except Exception as error:
+        if outside is None:
+            raise
+        log.info(
+            "controller %s cannot be copied for a warm-up decision (%s); its first decision "
+            "is its warm-up",
+            getattr(outside.inner, "name", type(outside.inner).__name__),
+            error,
+        )
+        return 0.0
     deadline = next((x for x in layers(controller) if isinstance(x, DecisionDeadline)), None)
     observation = ServingObservation(
         time_s=0.0,

@@ -182,3 +182,50 @@ def test_warm_up_fits_what_a_hint_needs_for_the_gpu(monkeypatch: pytest.MonkeyPa
     )
     warm_up(build_controller(OnlineMPCControllerConfig(kind="mpc-online"), unknown), clocks)
     assert fitted == []
+
+
+class _HoldsALock:
+    """An outside controller holding what cannot be copied (a lock: a client session's)."""
+
+    def __init__(self, clocks: tuple[float, ...]) -> None:
+        import threading
+
+        self.clocks, self.lock, self.calls = clocks, threading.Lock(), 0
+
+    def __call__(self, observation: ServingObservation) -> float:
+        with self.lock:
+            self.calls += 1
+            return self.clocks[-1]
+
+
+@pytest.mark.parametrize("time_mode", ["wall", "virtual"])
+def test_an_outside_controller_that_cannot_be_copied_skips_its_warm_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, time_mode: str
+) -> None:
+    """Its copy for the warm-up raised (TypeError: cannot pickle '_thread.lock'), which the
+    start logged as the controller's warm-up decision raising; now one line says it is
+    not warmed up, and the controller itself is not called."""
+    import logging
+    import sys
+    import types
+
+    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.decide import ControllerContext, build_controller
+
+    clocks = (900.0, 1980.0)
+    made: list[_HoldsALock] = []
+
+    def make(context: Any) -> _HoldsALock:
+        made.append(_HoldsALock(clocks))
+        return made[-1]
+
+    plugin = types.ModuleType("gpugov_locked_plugin")
+    plugin.make = make  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpugov_locked_plugin", plugin)
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=clocks, time_mode=time_mode)
+    chain = build_controller(parse_controller_spec("gpugov_locked_plugin:make"), context)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.decide"):
+        assert warm_up(chain, clocks) == 0.0
+    assert made[0].calls == 0
+    assert any("cannot be copied for a warm-up" in r.getMessage() for r in caplog.records)
+    chain.close()  # a node's chain: its decision deadline's worker
