@@ -70,7 +70,10 @@ Fluid LP lower bound (:func:`fluid_energy_lower_bound`)
     ``tau_d = min_B t_dec(B, C_min(B)) / B`` seconds and
     ``min_B t_dec(B, C_min(B)) * p_dec(B) / B`` joules over batch sizes
     ``1 <= B <= max_batch_size``, with the plant's decode latency and batch-power models
-    and the smallest possible context ``C_min(B) = B * min prompt tokens``. Before the
+    and the smallest possible context ``C_min(B) = B * min prompt tokens`` (each batch up
+    to 4,096; past that, the least over each stretch of a geometric grid of batches 0.2 %
+    apart, taken at the stretch's corners: no more than any batch in it costs, so a
+    manifest's batch bound of up to 10**12 prices in bounded time and memory). Before the
     last arrival ``A`` the GPU draws at least the lowest idle power ``P_idle_min`` at
     every instant, so the energy up to ``A`` is at least ``P_idle_min * A`` plus, per
     token served before ``A``, its marginal cost ``energy - P_idle_min * tau``; work

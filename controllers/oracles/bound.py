@@ -22,6 +22,14 @@ from gpugov.plant.types import Request
 # ------------------------------------------------------------------ fluid LP bound
 PHASES = ("prefill", "decode")
 """The work a bound serves by default: every prompt token and every decode token."""
+EXACT_BATCHES = 4096
+"""Decode batches priced one by one (every engine's batch bound we know is below it)."""
+GRID_RATIO = 1.002
+"""Past :data:`EXACT_BATCHES`, the ratio between the batches of the grid whose stretches
+are priced by their corners (a manifest may state up to 10**12 places: pricing each ended
+in a MemoryError); the bound there is within about 0.2 % of each batch's own cost."""
+BATCH_CHUNK = 256
+"""Batches priced at once (the arrays are clocks x batches)."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +93,28 @@ def _lower_hull(seconds: FloatArray, cost: FloatArray) -> NDArray[np.int_]:
     return np.asarray(hull, dtype=int)
 
 
+def _least_over_stretches(seconds: FloatArray, power: FloatArray) -> FloatArray:
+    """Per row, the least ``seconds * power`` over the stretches between neighbouring
+    columns, each taken at its corners: both move one way along a stretch, so their
+    product is no lower anywhere inside it."""
+    corners = [
+        seconds[:, :-1] * power[:, :-1],
+        seconds[:, :-1] * power[:, 1:],
+        seconds[:, 1:] * power[:, :-1],
+        seconds[:, 1:] * power[:, 1:],
+    ]
+    return np.asarray(np.minimum.reduce(corners).min(axis=1), dtype=float)
+
+
 def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dict[str, FloatArray]:
     """Per supported clock: seconds and joules per prefill token, and the best case per
     decode token (module notes), at the clock the plant realises.
 
     Returns:
         ``clock_mhz``, ``prefill_s``, ``prefill_j``, ``decode_s``, ``decode_j`` (the
-        fastest and the cheapest decode token over batch sizes, each its own minimum),
+        fastest and the cheapest decode token over batch sizes, each its own minimum;
+        past :data:`EXACT_BATCHES` batches, at most the least over each stretch of a
+        geometric grid),
         ``decode_marginal_j`` (the lowest joules per decode token above the lowest idle
         power, ``min_B seconds * (p_dec(B) - P_idle_min)``) and ``idle_w``.
     """
@@ -106,28 +129,54 @@ def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dic
     model = profile.decode_latency_model
     b_ref = float(model.reference_batch_size)
     c_ref = b_ref * float(model.reference_context_tokens)
-    batches = np.arange(1, plant.max_batch_size + 1, dtype=float)
     t_ref = b_ref / decode_rate
-    iteration_s = t_ref[:, None] * (
-        model.weight_fraction
-        + model.batch_fraction * batches[None, :] / b_ref
-        + model.kv_fraction * batches[None, :] * minimum_context_tokens / c_ref
-    )
     power_model = profile.decode_power_batch_model
-    factor = np.array(
-        [1.0 if power_model is None else power_model.factor(b, b_ref) for b in batches]
-    )
-    iteration_w = idle_power[:, None] + (decode_power - idle_power)[:, None] * factor[None, :]
-    per_token_s = iteration_s / batches[None, :]
-    per_token_j = per_token_s * iteration_w
     idle_floor = float(np.min(idle_power))
+
+    def at(batches: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Seconds per decode token and power per clock (rows) at each batch (columns)."""
+        per_token_s = t_ref[:, None] * (
+            model.weight_fraction / batches[None, :]
+            + model.batch_fraction / b_ref
+            + model.kv_fraction * minimum_context_tokens / c_ref
+        )
+        factor = np.array(
+            [1.0 if power_model is None else power_model.factor(b, b_ref) for b in batches]
+        )
+        return per_token_s, idle_power[:, None] + (decode_power - idle_power)[:, None] * factor
+
+    least_s = np.full(clocks.size, np.inf)
+    least_j = np.full(clocks.size, np.inf)
+    least_marginal_j = np.full(clocks.size, np.inf)
+    exact = np.arange(1, min(plant.max_batch_size, EXACT_BATCHES) + 1, dtype=float)
+    for start in range(0, exact.size, BATCH_CHUNK):  # a chunk at a time: bounded memory
+        seconds, watts = at(exact[start : start + BATCH_CHUNK])
+        least_s = np.minimum(least_s, seconds.min(axis=1))
+        least_j = np.minimum(least_j, (seconds * watts).min(axis=1))
+        least_marginal_j = np.minimum(
+            least_marginal_j, (seconds * (watts - idle_floor)).min(axis=1)
+        )
+    if plant.max_batch_size > EXACT_BATCHES:
+        # Past them, stretches of batches between points of a geometric grid: a token's
+        # seconds fall with the batch and its power moves one way (the batch power
+        # model's factor grows with it), so the least product over a stretch is at one
+        # of its corners (the seconds at either end times the power at either end).
+        count = math.ceil(math.log(plant.max_batch_size / EXACT_BATCHES) / math.log(GRID_RATIO))
+        grid = np.unique(np.geomspace(EXACT_BATCHES, plant.max_batch_size, count + 1))
+        for start in range(0, grid.size - 1, BATCH_CHUNK):
+            seconds, watts = at(grid[start : start + BATCH_CHUNK + 1])  # stretches' ends
+            least_s = np.minimum(least_s, seconds[:, -1])
+            least_j = np.minimum(least_j, _least_over_stretches(seconds, watts))
+            least_marginal_j = np.minimum(
+                least_marginal_j, _least_over_stretches(seconds, watts - idle_floor)
+            )
     return {
         "clock_mhz": clocks,
         "prefill_s": 1.0 / prefill_rate,
         "prefill_j": prefill_power / prefill_rate,
-        "decode_s": per_token_s.min(axis=1),
-        "decode_j": per_token_j.min(axis=1),
-        "decode_marginal_j": (per_token_s * (iteration_w - idle_floor)).min(axis=1),
+        "decode_s": least_s,
+        "decode_j": least_j,
+        "decode_marginal_j": least_marginal_j,
         "idle_w": idle_power,
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -259,3 +259,51 @@ def test_phase_token_costs_match_the_profile_at_the_reference_batch() -> None:
     # The best batch is never slower per token than the reference batch and context.
     assert np.all(costs["decode_s"] <= (1.0 + 1e-9) / profile.decode_tokens_per_s)
     assert np.all(costs["decode_marginal_j"] <= costs["decode_j"])
+
+
+def _brute_force_decode_costs(plant: ServingPlant, context: float) -> dict[str, np.ndarray]:
+    """Per clock, the fastest and cheapest decode token over every batch 1 to the plant's
+    largest, one batch at a time (the definition the bound's costs must not exceed)."""
+    profile = plant.profile
+    model = profile.decode_latency_model
+    power_model = profile.decode_power_batch_model
+    b_ref, c_ref = (
+        model.reference_batch_size,
+        model.reference_batch_size * (model.reference_context_tokens),
+    )
+    idle = profile.idle_power_w
+    seconds, joules = [], []
+    for batch in range(1, plant.max_batch_size + 1):
+        iteration = (b_ref / profile.decode_tokens_per_s) * (
+            model.weight_fraction
+            + model.batch_fraction * batch / b_ref
+            + model.kv_fraction * batch * context / c_ref
+        )
+        factor = 1.0 if power_model is None else power_model.factor(batch, b_ref)
+        power = idle + (profile.decode_power_w - idle) * factor
+        seconds.append(iteration / batch)
+        joules.append(iteration / batch * power)
+    return {"decode_s": np.min(seconds, axis=0), "decode_j": np.min(joules, axis=0)}
+
+
+@pytest.mark.parametrize("largest", [300, 20_000])
+def test_decode_costs_never_exceed_the_best_batch(largest: int) -> None:
+    """Up to a few thousand batches the costs are each batch's; past them a bound over
+    each stretch of batches, never above any batch's own cost and within a percent."""
+    plant = replace(make_plant(), max_batch_size=largest)
+    costs = phase_token_costs(plant, 300.0)
+    exact = _brute_force_decode_costs(plant, 300.0)
+    for key in ("decode_s", "decode_j"):
+        assert np.all(costs[key] <= exact[key] * (1.0 + 1e-12))
+        assert np.all(costs[key] >= exact[key] * 0.99)
+
+
+def test_lp_bound_of_an_engine_of_a_trillion_batch_places() -> None:
+    """A manifest may state a batch of up to 10**12 requests: the bound priced every
+    batch size one by one and ended in a MemoryError (an array of 10**12 batches)."""
+    plant = replace(make_plant(), max_batch_size=10**12)
+    requests = _workload()
+    bound = fluid_energy_lower_bound(requests, plant)
+    assert bound.success and math.isfinite(bound.energy_j) and bound.energy_j > 0.0
+    top = simulate(requests, plant, controller=FixedClockController(1980.0))
+    assert bound.energy_j <= top.metrics.energy_j
