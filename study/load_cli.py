@@ -129,6 +129,12 @@ def cmd_load(args: argparse.Namespace) -> int:
     summary["url"] = args.url
     summary["model"] = model
     summary["load_scale"] = args.load_scale
+    # The window and how its arrivals were read: two runs of one trace with other windows
+    # (or one spread, one with --keep-batched-stamps) wrote summaries that named neither.
+    summary["start_s"] = args.start
+    summary["duration_s"] = args.duration
+    summary["batch_grid_s"] = report.batch_grid_s
+    summary["trace_sha256"] = report.sha256
     # A run cut short says so in its summary (the --json file replaces an earlier one).
     summary["stopped"] = (
         "interrupted" if interrupted.is_set() else "terminated" if terminated.is_set() else None

@@ -277,6 +277,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                     "start_s": args.start,
                     "duration_s": args.duration,
                     "load_scale": args.load_scale,
+                    # The grid a batched trace's arrivals were spread over (None: as written).
+                    "batch_grid_s": report.batch_grid_s,
                     "requests": len(workload),
                     "arrival_times": separation.arrival_times,
                     "largest_arrival_group": separation.largest_group,

@@ -6,6 +6,7 @@ floor), in ``simulate`` and ``run --simulate``; ``load`` names the groups."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -179,3 +180,39 @@ def test_load_names_the_simultaneous_groups(
     first = capsys.readouterr().err.splitlines()[0]
     assert first.startswith(f"gpugov load: {2 * GROUP_SIZE} requests from grouped.jsonl")
     assert f"(at 2 arrival times, up to {GROUP_SIZE} at once: --load-scale spaces" in first
+
+
+def test_the_outputs_say_which_window_and_which_stamps_they_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs of one trace, one with its batches spread and one with
+    ``--keep-batched-stamps`` (or over other windows), wrote JSON that named neither:
+    the load summary now records its window, the grid spread and the trace's sha256, and
+    simulate's metadata the grid."""
+    trace = tmp_path / "batched.jsonl"
+    rows = [
+        json.dumps({"timestamp": group * GRID_MS, "input_length": 300 + member, "output_length": 5})
+        for group in range(6)
+        for member in range(3)
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    grid_s = GRID_MS / 1000.0
+    for keep, expected in ((False, grid_s), (True, None)):
+        out = tmp_path / f"sim-{keep}.json"
+        argv = ["simulate", "--trace", str(trace), "--out", str(out), "--quiet"]
+        assert main(argv + (["--keep-batched-stamps"] if keep else [])) == 0
+        assert json.loads(out.read_text())["metadata"]["trace"]["batch_grid_s"] == expected
+    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
+    server.start()
+    try:
+        summary_path = tmp_path / "load.json"
+        argv = ["load", "--trace", str(trace), "--url", server.url, "--json", str(summary_path)]
+        argv += ["--start", "3", "--duration", "6", "--load-scale", "10", "--quiet"]
+        assert main(argv) == 0
+    finally:
+        server.close()
+    summary = json.loads(summary_path.read_text())
+    assert summary["requests_completed"] == 6  # the two batches stamped at 3 s and 6 s
+    assert (summary["start_s"], summary["duration_s"]) == (3.0, 6.0)
+    assert summary["batch_grid_s"] == grid_s
+    assert summary["trace_sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
