@@ -17,6 +17,7 @@ from synthetic import plan_payload
 
 from gpugov.cli import main
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.progress import Progress
 from gpugov.plant.workload import scale_load
 from gpugov.study import sweep
 from gpugov.study.runners import RunnerError, RunnerSpec
@@ -392,7 +393,7 @@ def test_a_cell_draining_after_its_last_arrival_is_not_shown_done(
     grows while it drains and ends as the run's own."""
     calls: list[tuple[float, float, str]] = []
 
-    class Recorded(sweep_run.Progress):  # type: ignore[name-defined,misc]
+    class Recorded(Progress):
         def update(self, done: float, detail: str = "", *, force: bool = False) -> None:
             calls.append((done, self.total, detail))
             super().update(done, detail, force=force)
