@@ -224,6 +224,10 @@ def format_report(summary: dict[str, Any]) -> str:
         ("late starts", str(summary["late_starts"])),
         ("wall time", f"{summary['wall_s']:.1f} s"),
     ]
+    if summary.get("clipped_prompts"):
+        # The latencies above are of the clipped requests, not the trace's lengths.
+        clipped = f"{summary['clipped_prompts']} of {summary['requests_sent']} requests"
+        rows.insert(-2, ("clipped to --max-model-len", clipped))
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {value}" for name, value in rows]
     examples = summary.get("error_examples", {})

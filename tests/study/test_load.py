@@ -70,6 +70,20 @@ def test_cli_writes_json_and_fails_cleanly_when_unreachable(
     assert err[-1].startswith("gpugov: error:") and "none.csv" in err[-1]
 
 
+def test_the_summary_says_how_many_requests_max_model_len_clipped(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The clipped count was in the JSON only: the printed latencies read as the trace's
+    lengths' while every request was cut to --max-model-len."""
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,400,8\n0.1,20,4\n")
+    argv = ["load", "--trace", str(trace), "--url", emulator.url, "--quiet"]
+    assert main([*argv, "--max-model-len", "64"]) == 0
+    assert "  clipped to --max-model-len          1 of 2 requests\n" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "clipped" not in capsys.readouterr().out
+
+
 def test_a_load_of_one_instant_ends_its_progress_at_100_percent(
     emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
