@@ -379,9 +379,11 @@ class PowerLimitActuator:
         return now
 
     def _original(self, backend: PowerLimitBackend) -> float | None:
-        """The GPU's limit before gpugov's first write, read now if not known yet."""
+        """The GPU's limit before gpugov's first write: read now while gpugov holds none
+        on it (a limit an operator sets meanwhile is the one to keep under and restore),
+        the one read before its first write after that."""
         label = backend.label
-        if label in self.original_w:
+        if label in self.original_w and label in self.ledger.touched:
             return self.original_w[label]
         try:
             found = float(self._writers[label].call(backend.power_limit_w, "read"))

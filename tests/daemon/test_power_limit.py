@@ -155,6 +155,25 @@ def test_a_limit_an_operator_set_while_gpugov_held_none_is_the_new_original(
     assert _limits_mw(fake_nvml) == [350_000, 700_000]
 
 
+def test_a_limit_set_while_the_cap_left_the_gpu_alone_is_the_one_restored(
+    fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """A cap at or above a GPU's own limit leaves it alone (nothing of gpugov's on it);
+    a limit an operator sets on it meanwhile is what a later cap keeps under and what is
+    restored, not the limit read before (restored, it undid the operator's change)."""
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    actuator.apply(1_400.0)  # each GPU's own 700 W: nothing written
+    assert _cap_writes(fake_nvml) == []
+    fake_nvml.gpus[0].power_limit_mw = 450_000  # nvidia-smi -pl 450 meanwhile
+    fake_nvml.gpus[1].power_limit_mw = 500_000
+    actuator.apply(600.0)
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    record = LockState(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
+    assert record is not None and record["original_mw"] == 450_000  # what a crash restores
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [450_000, 500_000]
+
+
 def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
