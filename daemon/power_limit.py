@@ -331,7 +331,8 @@ class PowerLimitActuator:
             held = self.held_w[label]
             if held is not None and abs(value - held) < 1e-3 and self.ledger.asked_w[label] == held:
                 continue
-            if held is not None and (outside := self._outside_change(backend)) is not None:
+            outside = None if label not in self.ledger.touched else self._outside_change(backend)
+            if outside is not None:
                 # Someone else set this GPU's limit since gpugov's write: it is the new
                 # ceiling (never raised), and what is restored at exit or after a crash.
                 original = self.original_w[label] = outside
@@ -362,6 +363,8 @@ class PowerLimitActuator:
             log.debug("GPU %s: power limit not read before writing: %s", label, problem)
             return None
         ours = self.ledger.ours_w(label)
+        if self.held_w[label] is None and label in self.original_w:
+            ours.append(self.original_w[label])  # a write that failed left it at its own
         if not ours or not none_of(now, ours):
             return None
         if label not in self._outside_logged:

@@ -174,6 +174,28 @@ def test_a_limit_set_while_the_cap_left_the_gpu_alone_is_the_one_restored(
     assert _limits_mw(fake_nvml) == [450_000, 500_000]
 
 
+def test_a_limit_set_after_gpugovs_first_write_failed_is_the_one_restored(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gpugov's first write to a GPU fails (a timeout) and an operator sets its limit
+    before the retry: the retry keeps under theirs, and theirs is restored, not the limit
+    read before the failed write. A GPU still at its own limit after such a failure is
+    not taken for someone else's change."""
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT)  # GPU 0's write
+    actuator.apply(600.0)
+    assert _limits_mw(fake_nvml) == [700_000, 300_000]
+    fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT)  # its retry fails too: no outside change
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        actuator.apply(600.0)
+    assert "which gpugov did not set" not in caplog.text
+    fake_nvml.gpus[0].power_limit_mw = 450_000  # nvidia-smi -pl 450 before the retry
+    actuator.apply(600.0)
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [450_000, 700_000]
+
+
 def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
