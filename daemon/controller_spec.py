@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from typing import Any
 
 from pydantic import ValidationError
@@ -170,7 +171,9 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         ValueError: one line naming the spec and the key.
     """
     if "=" not in argument:
-        return OnlineMPCControllerConfig(kind="mpc-online", prior_profile=argument)
+        return OnlineMPCControllerConfig(
+            kind="mpc-online", prior_profile=os.path.expanduser(argument)
+        )
     fields: dict[str, Any] = {}
     hints: dict[str, Any] = {}
     seen: set[str] = set()
@@ -186,7 +189,7 @@ def _online_spec(text: str, argument: str) -> OnlineMPCControllerConfig:
         seen.add(key)
         name = ONLINE_HINT_KEYS[key]
         if name == "prior_profile":
-            fields[name] = value
+            fields[name] = os.path.expanduser(value)
             continue
         if name == "auto_hints":
             if value.lower() not in ("on", "off"):
@@ -281,6 +284,9 @@ def parse_controller_spec(text: str, *, default_profile: str | None = None) -> C
 def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
     """:func:`parse_controller_spec` before a model's refusal is made one line."""
     kind, colon, argument = text.partition(":")
+    if kind in ("mpc", "mpc-slsqp", "power-profile"):
+        # A profile file's ~/... is the home's: no shell expands a ~ after the colon.
+        argument = os.path.expanduser(argument)
     match kind:
         case "max" | "maximum" | "reactive":
             if colon:

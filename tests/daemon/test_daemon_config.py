@@ -502,13 +502,26 @@ def test_a_home_of_no_user_is_refused(tmp_path: Path) -> None:
     )
 
 
-def test_an_open_loop_spec_takes_its_plan_from_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--controller open-loop:~/plan.json`: no shell expands a `~` after the colon."""
+def test_a_spec_takes_its_files_from_the_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--controller open-loop:~/plan.json`, `mpc:~/p.json`: no shell expands a `~` after
+    the colon, and the file in the home was "not found"."""
     from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.plant.profile_files import bundled_profile_dir
 
-    monkeypatch.setenv("HOME", "/home/someone")
+    for name in ("mine.json", "mine.csv"):
+        (tmp_path / name).write_bytes(
+            (bundled_profile_dir() / f"h100-sxm-llama3-8b{name[4:]}").read_bytes()
+        )
+    monkeypatch.setenv("HOME", str(tmp_path))
     spec = parse_controller_spec("open-loop:~/plan.json")
-    assert spec.plan == Path("/home/someone/plan.json")  # type: ignore[union-attr]
+    assert spec.plan == tmp_path / "plan.json"  # type: ignore[union-attr]
+    mine = str(tmp_path / "mine.json")
+    for kind in ("mpc", "mpc-slsqp", "power-profile"):
+        assert parse_controller_spec(f"{kind}:~/mine.json").profile == mine  # type: ignore[union-attr]
+    for text in ("mpc-online:~/mine.json", "mpc-online:profile=~/mine.json"):
+        assert parse_controller_spec(text).prior_profile == mine  # type: ignore[union-attr]
 
 
 def test_an_unset_period_follows_the_controllers() -> None:
