@@ -164,6 +164,22 @@ def period_warnings(config: GpugovConfig) -> list[str]:
     ]
 
 
+def unkept_model_warnings(config: GpugovConfig) -> list[str]:
+    """One line per ``mpc-online`` domain whose learned model is kept nowhere (no
+    ``daemon.state_dir``, ``controller.state_dir`` or ``$STATE_DIRECTORY``): each start
+    learns anew, which ``run`` did in silence. None for a dry run, which writes nothing."""
+    if config.daemon.dry_run or resolve_state_dir(config.daemon.state_dir) is not None:
+        return []
+    return [
+        f"domain {domain.name!r} runs mpc-online with no state directory (no "
+        f"daemon.state_dir, controller.state_dir or ${STATE_DIR_ENV}): its learned model "
+        "is kept nowhere, so each start learns anew; set daemon.state_dir"
+        for domain in config.domains
+        if isinstance(domain.controller, OnlineMPCControllerConfig)
+        and domain.controller.state_dir is None
+    ]
+
+
 def config_inputs(
     config: GpugovConfig, path: str | os.PathLike[str] | None = None
 ) -> list[tuple[str, str | os.PathLike[str] | None]]:

@@ -93,7 +93,7 @@ EXIT_FAILURE = ExitCode.FAILURE
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
-    from gpugov.daemon.node_check import config_inputs, period_warnings
+    from gpugov.daemon.node_check import config_inputs, period_warnings, unkept_model_warnings
 
     environ_watchdog_s()  # a malformed $WATCHDOG_USEC is refused before any work
     config = load_config(args.config)
@@ -174,6 +174,8 @@ def _run_node(args: argparse.Namespace) -> int:
                 return _stopped(received)
             record = args.record or config.daemon.record
             recorder = Recorder(record, assembled.header) if record else None
+            for line in [] if dry_run else unkept_model_warnings(config):
+                log.warning("%s", line)  # a start that got this far: no refusal follows
             mode = "dry run" if dry_run else "locking clocks"
             log.info(
                 "gpugov %s: %d domain(s), period %.3g s%s",
@@ -297,7 +299,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     apply nothing. Every problem ``run`` would refuse to start with is one line, and the
     exit code is ``run``'s for the first; a rule or panel that could never show data is a
     warning line (exit 0)."""
-    from gpugov.daemon.node_check import check_node, period_warnings, slo_warnings
+    from gpugov.daemon.node_check import (
+        check_node,
+        period_warnings,
+        slo_warnings,
+        unkept_model_warnings,
+    )
 
     watchdog_s = _watchdog_s(args.watchdog_sec)
     config = load_config(args.file)
@@ -312,7 +319,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         config, path=args.file, offline=args.offline, load_nvml=lambda: load_pynvml()
     )
     problems.extend(report.problems)
-    for line in [*slo_warnings(config), *period_warnings(config), *report.warnings]:
+    # Where run would start (no problem): a refused config's one line stays one.
+    unkept = [] if report.problems or problems else unkept_model_warnings(config)
+    for line in [*slo_warnings(config), *period_warnings(config), *unkept, *report.warnings]:
         warn(line)
     if problems:
         for problem in problems:

@@ -408,7 +408,7 @@ def test_mpc_online_slower_than_its_recommended_period_gets_one_warning_line(
 ) -> None:
     """mpc-online's period is 0.25 s, its default alone and the simulated commands'; one
     set slower is warned of, and the period left unset is its own."""
-    online = '[domains.controller]\nkind = "mpc-online"\n'
+    online = f'[domains.controller]\nkind = "mpc-online"\nstate_dir = "{tmp_path}/models"\n'
     path = _write(tmp_path, daemon="period_s = 1.0", tables=online)
     assert node_cli.main(["check-config", str(path)]) == 0
     (warning,) = capsys.readouterr().err.splitlines()
@@ -468,6 +468,37 @@ def test_a_state_directory_run_cannot_keep_files_in_gets_a_warning_line_and_run_
     assert capsys.readouterr().err == ""
 
 
+def test_mpc_online_with_no_state_directory_is_told_its_model_is_not_kept(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With no daemon.state_dir, no $STATE_DIRECTORY and no controller.state_dir, run kept
+    the learned model nowhere and said nothing: each restart learned anew in silence. One
+    warning line now, from check-config and from run at its start; none for a domain that
+    keeps its model in its own state_dir, nor for a dry run (it writes nothing anyway)."""
+    online = '[domains.controller]\nkind = "mpc-online"\n'
+    path = _write(tmp_path, daemon="period_s = 0.25", tables=online)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning == (
+        "gpugov: warning: domain 'llm' runs mpc-online with no state directory (no "
+        "daemon.state_dir, controller.state_dir or $STATE_DIRECTORY): its learned model is "
+        "kept nowhere, so each start learns anew; set daemon.state_dir"
+    )
+    with caplog.at_level("WARNING", logger="gpugov"), pytest.raises(LoopStarted):
+        node_cli.main(["run", "--config", str(path)])
+    assert any("'llm' runs mpc-online with no state directory" in m for m in caplog.messages)
+    caplog.clear()
+    assert _run_code(path) == -1  # a dry run
+    assert not any("no state directory" in m for m in caplog.messages)
+    own = online + f'state_dir = "{tmp_path}/models"\n'
+    path = _write(tmp_path, daemon="period_s = 0.25", tables=own)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "emulated.toml"
     assert node_cli.main(["check-config", str(example), "--offline"]) == 0
@@ -484,7 +515,7 @@ def test_prior_hint_warnings_surface_as_warning_lines(
     # gpu = "auto" offline: the name is unknown there, and that is no warning.
     auto = _write(
         tmp_path,
-        daemon="period_s = 0.25",
+        daemon=f'period_s = 0.25\nstate_dir = "{tmp_path}/state"',
         tables='[domains.controller]\nkind = "mpc-online"\nprior = { gpu = "auto" }\n',
     )
     assert node_cli.main(["check-config", str(auto), "--offline"]) == 0
