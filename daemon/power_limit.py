@@ -322,7 +322,7 @@ class PowerLimitActuator:
                 break  # a write refused for good: no cap from now on
             label = backend.label
             value = self.bounds.clamped(backend, share, original, request)
-            if abs(value - original) < 1e-3:  # its own limit: restore it if gpugov set one
+            if abs(value - original) <= SAME_LIMIT_W:  # its own: restore it if gpugov set one
                 if label in self.ledger.touched and self._restore_one(backend, at_exit=False) == (
                     "restored"
                 ):
@@ -337,7 +337,7 @@ class PowerLimitActuator:
                 # ceiling (never raised), and what is restored at exit or after a crash.
                 original = self.original_w[label] = outside
                 value = self.bounds.clamped(backend, share, original, request)
-                if abs(value - original) < 1e-3:
+                if abs(value - original) <= SAME_LIMIT_W:
                     self.ledger.forget(backend)  # at or under the cap: theirs stands, none of ours
                     continue
             if self._write(backend, value, original):

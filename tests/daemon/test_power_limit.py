@@ -131,6 +131,22 @@ def test_a_cap_over_gpus_with_unequal_limits_sums_to_the_cap(fake_nvml: FakeNvml
     assert _limits_mw(fake_nvml) == [100_000, 300_000]
 
 
+def test_a_share_within_half_a_watt_of_a_gpus_own_limit_leaves_it_alone(
+    fake_nvml: FakeNvml,
+) -> None:
+    """A share less than half a watt under a GPU's own limit is that limit: written, the
+    exit took it for the original already back (the same limit, read back) and left the
+    GPU capped a fraction of a watt under it."""
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(1_399.6)  # 699.8 W a GPU
+    assert _cap_writes(fake_nvml) == []
+    actuator.apply(1_000.0)
+    actuator.apply(1_399.6)  # back to (about) their own: restored
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+
+
 def test_a_cap_back_to_none_restores_the_original_limit(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpus[1].power_limit_mw = 650_000  # an operator's own limit, kept as the original
     actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
