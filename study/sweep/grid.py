@@ -178,7 +178,9 @@ def read_grid(path: Path) -> SweepGrid:
 
 
 def _resolve(entry: str, known: Sequence[str], base: Path) -> str:
-    """A name as it is, a relative path made relative to the grid file's folder."""
+    """A name as it is, a ``~`` path the home's, a relative path made relative to the grid
+    file's folder."""
+    entry = os.path.expanduser(entry)
     if entry in known or Path(entry).is_absolute():
         return entry
     candidate = base / entry
@@ -205,6 +207,7 @@ def _rebased_spec(spec: str, absolute: Callable[[str], str] = os.path.abspath) -
     """A controller spec whose file argument (an ``open-loop`` plan, an MPC profile), read
     from the working directory, is made absolute (by ``absolute``)."""
     kind, colon, argument = spec.partition(":")
+    argument = os.path.expanduser(argument)  # as parse_controller_spec reads it
     if not colon or not argument or not os.path.exists(argument):
         return spec
     if kind == "open-loop" or (
@@ -223,6 +226,7 @@ def _spec_files(spec: str) -> list[tuple[str, str]]:
     kind, colon, argument = spec.partition(":")
     if not colon or not argument:
         return []
+    argument = os.path.expanduser(argument)  # as parse_controller_spec reads it
     if kind == "open-loop":
         return [(argument, "plan")] if os.path.exists(argument) else []
     if kind not in PROFILE_SPEC_KINDS:
@@ -230,6 +234,7 @@ def _spec_files(spec: str) -> list[tuple[str, str]]:
     if "=" in argument:
         items = (item.partition("=") for item in argument.split(","))
         argument = {key.strip(): value.strip() for key, _, value in items}.get("profile", "")
+    argument = os.path.expanduser(argument)  # as parse_controller_spec reads it
     if not argument or not _profile_path_like(argument) or not os.path.exists(argument):
         return []
     return [(str(path), "profile") for path in profile_files(argument)]

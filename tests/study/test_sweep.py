@@ -278,6 +278,43 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     assert len(before) == 2 * 2 * 2
 
 
+def test_a_grid_takes_home_paths_from_the_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~/...` in the grid (a trace, a profile, a spec's plan or profile) is the home's, as
+    in the node config; the trace was "not found" (read as a folder `~` beside the grid),
+    and a spec's profile read by simulate was left out of the cell's key."""
+    from gpugov.plant.profile_files import bundled_profile_dir
+    from gpugov.study.sweep import GRID_COPY, read_grid
+
+    home, grids = tmp_path / "home", tmp_path / "grids"
+    for folder in (home, grids):
+        folder.mkdir()
+    _grid(home)  # home/bursty.csv
+    for suffix in (".json", ".csv"):
+        source = bundled_profile_dir() / f"h100-sxm-llama3-8b{suffix}"
+        (home / source.name).write_bytes(source.read_bytes())
+    (home / "plan.json").write_text(json.dumps(plan_payload((1200.0, 1500.0))))
+    grid = grids / "grid.toml"
+    grid.write_text(
+        'traces = ["~/bursty.csv"]\n'
+        'profiles = ["~/h100-sxm-llama3-8b.json"]\n'
+        'controllers = ["open-loop:~/plan.json", "mpc:~/h100-sxm-llama3-8b.json"]\n'
+        "duration_s = 10.0\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 0, stderr
+    copy = read_grid(out / GRID_COPY)
+    manifest = str(home / "h100-sxm-llama3-8b.json")
+    assert copy.traces == [str(home / "bursty.csv")]
+    assert copy.profiles == [manifest]
+    assert copy.controllers == [f"open-loop:{home / 'plan.json'}", f"mpc:{manifest}"]
+    digests = {row["controller"]: row["controller_file_sha256"] for row in _rows(out)}
+    assert all(len(files) > 0 for files in digests.values()), digests
+
+
 def _grid_of_relative_paths(tmp_path: Path) -> Path:
     """``grids/grid.toml`` naming a trace and a profile relative to its folder and an
     open-loop plan relative to ``work/`` (the working directory it is run from)."""
