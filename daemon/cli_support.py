@@ -266,12 +266,19 @@ def window_past_end_note(report: TraceLoadReport) -> str | None:
 
 
 def load_trace_for_cli(
-    trace: str, *, progress: bool = True, format_flag: str | None = None, **options: Any
+    trace: str,
+    *,
+    progress: bool = True,
+    format_flag: str | None = None,
+    keep_stamps_flag: str | None = "--keep-batched-stamps",
+    **options: Any,
 ) -> tuple[tuple[Request, ...], TraceLoadReport]:
     """``load_trace`` with its warnings (skipped zero-token rows) as one stderr line each,
     after a progress line on stderr while a large file loads (unless not ``progress``).
     ``format_flag``: the command's flag that names the trace's format (``simulate``'s
-    ``--trace-format``), offered where a header matches several formats."""
+    ``--trace-format``), offered where a header matches several formats;
+    ``keep_stamps_flag``: its flag that keeps batched stamps as written, named in the note
+    that they were spread (None for a command without one: sweep, experiments, bench)."""
     with (
         warnings.catch_warnings(record=True) as caught,
         trace_progress(trace, enabled=progress) as on_progress,
@@ -292,10 +299,10 @@ def load_trace_for_cli(
                 warning.message, warning.category, warning.filename, warning.lineno
             )
     if result[1].batch_grid_s is not None:
+        keep = f" ({keep_stamps_flag} replays the stamps as written)" if keep_stamps_flag else ""
         note(
             f"{Path(result[1].path).name} stamps arrivals on a "
-            f"{result[1].batch_grid_s:g} s grid; each batch is spread over its step "
-            "(--keep-batched-stamps replays the stamps as written)"
+            f"{result[1].batch_grid_s:g} s grid; each batch is spread over its step{keep}"
         )
     return result
 

@@ -675,7 +675,7 @@ def run_experiments(args: argparse.Namespace) -> int:
 
     profile = load_profile_for_cli("--profile", args.profile)
     evaluation, report = load_trace_for_cli(
-        args.trace, start_s=args.start, duration_s=args.duration
+        args.trace, start_s=args.start, duration_s=args.duration, keep_stamps_flag=None
     )
     animation = tuple(r for r in evaluation if r.arrival_time_s < animation_s)
     if not animation:

@@ -170,7 +170,7 @@ def config_for(
             # neither a name nor a file, the loader refuses naming the closest name. Read
             # after the other flags are checked: a large file takes a minute to read.
             try:  # its warnings (skipped rows) as one "gpugov: warning:" line each
-                requests, report = load_trace_for_cli(name)
+                requests, report = load_trace_for_cli(name, keep_stamps_flag=None)
             except TraceError as error:
                 raise ValueError(f"--traces: {error}") from error
             keep_full_trace(name, requests, report)  # read once, not again to run

@@ -223,6 +223,7 @@ def plan_sweep(path: Path) -> SweepPlan:
                 _resolve(entry, known_traces, base),
                 start_s=grid.start_s,
                 duration_s=grid.duration_s,
+                keep_stamps_flag=None,  # a grid has no key for it
             )
         except (TraceError, ValueError) as error:
             raise UsageError(f"{path}: key 'traces': {error}") from error

@@ -216,3 +216,36 @@ def test_the_outputs_say_which_window_and_which_stamps_they_ran(
     assert (summary["start_s"], summary["duration_s"]) == (3.0, 6.0)
     assert summary["batch_grid_s"] == grid_s
     assert summary["trace_sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+
+
+def test_the_spread_note_names_the_flag_only_where_the_command_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The note that a batched trace's stamps were spread told ``sweep``, ``experiments``
+    and ``bench controllers`` users to pass ``--keep-batched-stamps``, which those commands
+    refuse as an unknown flag; ``simulate`` (which takes it) still names it."""
+    from gpugov.study import sweep
+
+    trace = tmp_path / "batched.jsonl"
+    rows = [
+        json.dumps({"timestamp": group * GRID_MS, "input_length": 300 + member, "output_length": 5})
+        for group in range(6)
+        for member in range(3)
+    ]
+    trace.write_text("\n".join(rows) + "\n")
+    assert main(["simulate", "--trace", str(trace), "--quiet"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "spread" in line]
+    assert said == [
+        "gpugov: note: batched.jsonl stamps arrivals on a 3 s grid; each batch is spread over "
+        "its step (--keep-batched-stamps replays the stamps as written)"
+    ]
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["batched.jsonl"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
+    )
+    sweep.plan_sweep(grid)
+    said = [line for line in capsys.readouterr().err.splitlines() if "spread" in line]
+    assert said == [
+        "gpugov: note: batched.jsonl stamps arrivals on a 3 s grid; each batch is spread over "
+        "its step"
+    ]
