@@ -38,7 +38,8 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_outputs import check_not_an_input, prepare_output_dir, simulated_run_inputs
 from gpugov.daemon.cli_support import (
     UsageError,
-    check_workload_fits,
+    check_kv_fits,
+    check_window_span,
     hidden_alias,
     load_profile_for_cli,
     load_trace_for_cli,
@@ -686,7 +687,11 @@ def run_experiments(args: argparse.Namespace) -> int:
             )
         raise UsageError(f"--animation {animation_s:g}: the first seconds hold no requests")
     plant = ServingPlant.from_profile(profile)
-    check_workload_fits(evaluation, plant, args.trace)
+    check_kv_fits(evaluation, plant, args.trace)
+    # The remedy in this command's flags: it has no --load-scale to stretch a window with.
+    check_window_span(
+        evaluation[-1].arrival_time_s, args.trace, remedy="choose a shorter --duration"
+    )
     inputs = SuiteInputs(animation, evaluation, plant, **sizes)
     try:
         frequency_window(inputs)  # the open-loop part's window: refused now, not minutes in

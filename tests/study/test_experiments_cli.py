@@ -397,3 +397,18 @@ def test_a_sharded_run_redraws_its_line_while_its_parts_run(
     )
     first_done = next(i for i, event in enumerate(events) if event.startswith("part "))
     assert "wait" in events[:first_done], events
+
+
+def test_a_window_past_the_simulated_days_limit_names_only_this_commands_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal of a window longer than the simulated-days limit told an experiments
+    user to choose "a larger --load-scale", a flag experiments does not take."""
+    trace = tmp_path / "far.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n0,100,10\n900000,100,10\n")
+    argv = ["experiments", "--trace", str(trace), "--quick", "--duration", "1000000"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpugov: error: --trace {trace}: the window spans 900,000 simulated seconds, over the "
+        "limit of 7 simulated days; choose a shorter --duration"
+    ]
