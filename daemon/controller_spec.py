@@ -315,6 +315,11 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
                 raise ValueError("--controller open-loop:PLAN.json needs the plan file")
             return OpenLoopControllerConfig.model_validate({"kind": "open-loop", "plan": argument})
         case "mpc-online":
+            if colon and not argument:
+                raise ValueError(
+                    f"--controller {_shown(text)}: name a prior profile or KEY=VALUE hints "
+                    "after the colon"
+                )
             if argument:
                 return _online_spec(text, argument)
             return OnlineMPCControllerConfig(kind="mpc-online")

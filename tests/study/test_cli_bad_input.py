@@ -79,6 +79,8 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["simulate", "--latency-noise", "-1"], "argument --latency-noise: must be a coeff"),
         (["simulate", "--controller", "mpc:garbage"], "unknown profile 'garbage'"),
         (["simulate", "--controller", "mpc:"], "name a profile after the colon"),
+        # Taken as the bare kind, as if no colon were there.
+        (["simulate", "--controller", "mpc-online:"], "or KEY=VALUE hints after the colon"),
         (["simulate", "--controller", "reactive:foo"], "reactive takes no argument"),
         (["simulate", "--controller", "max:1"], "max takes no argument"),
         (["simulate", "--load-scale", "1e-6"], "over the limit of 7 simulated days"),
