@@ -187,10 +187,9 @@ def run_simulated(args: argparse.Namespace) -> int:
         if exporter is not None:
             exporter.close()
     if interrupted.is_set():
-        total_s = workload[-1].arrival_time_s
         print(
-            f"gpugov: interrupted at {progress.reached_s:,.1f} of {total_s:,.1f} simulated s"
-            + (f" (the recording {args.record} ends there)" if args.record else ""),
+            f"gpugov: interrupted at {progress.reached_s:,.1f} of {progress.total_s:,.1f} "
+            "simulated s" + (f" (the recording {args.record} ends there)" if args.record else ""),
             file=sys.stderr,
             flush=True,
         )

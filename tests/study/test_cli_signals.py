@@ -249,6 +249,26 @@ def test_sigint_on_a_simulated_run_says_where_it_stopped() -> None:
     assert all(line.startswith("run --simulate:") for line in lines[:-1]), lines
 
 
+def test_sigint_on_a_simulated_run_draining_after_its_last_arrival(tmp_path: Path) -> None:
+    """Every request arrives at 0 s and decodes for a minute: the stop line read
+    "interrupted at 15.0 of 0.0 simulated s", the total being the last arrival alone; it
+    is the drain's expected end now, as the progress line counts it."""
+    trace = tmp_path / "burst.csv"
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "0,500,6000\n" * 4)
+    argv = ["run", "--simulate", "--speed", "10", "--metrics-address", "none"]
+    process = _start([*argv, "--trace", str(trace), "--controller", "max"])
+    _wait_for(process, "run --simulate:")
+    time.sleep(2.0)  # about 20 simulated seconds into the drain
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    last = stderr.rstrip().splitlines()[-1]
+    assert last.startswith("gpugov: interrupted at "), last
+    stopped_at = float(last.split()[3].replace(",", ""))
+    total = float(last.split()[5].replace(",", ""))
+    assert 0.0 < stopped_at < total, last
+
+
 def _children(pid: int) -> list[int]:
     """The processes ``pid`` forked (Linux's ``/proc/PID/task/*/children``)."""
     found: list[int] = []
