@@ -89,6 +89,18 @@ WRITE_FAILURE_LOG_EVERY_S = 60.0
 """While writes of the file keep failing, one reminder line per this many seconds."""
 RECORD_VERSION = 1
 """The lock record's ``version`` this gpugov reads and writes."""
+_SAID: set[tuple[str, ...]] = set()
+"""The warnings about a lock record this process gave (its path, what): a command that
+reads it once per GPU (``gpugov reset-clocks``, ``status``, a start's reconcile) says each
+once, not once a read."""
+
+
+def _first_time(*what: str) -> bool:
+    """Whether this process has not yet given the warning ``what`` (and now has)."""
+    if what in _SAID:
+        return False
+    _SAID.add(what)
+    return True
 
 
 class NewerLockRecord(ConfigError):
@@ -349,6 +361,8 @@ class LockState:
     def _warn(self, action: str, error: Exception) -> None:
         if not self._warned:
             self._warned = True
+            if not _first_time(str(self.path), action, str(error)):
+                return
             log.warning(
                 "lock state %s: cannot %s (%s); a crash would leave no record of the "
                 "locks, reconcile at start falls back to reading the clocks",
@@ -406,7 +420,10 @@ class LockState:
             bad = _bad_field(entry)
             if bad is not None:
                 # The GPU was locked by a run; only its clocks are unknown.
-                log.warning(
+                log.log(
+                    logging.WARNING
+                    if _first_time(str(self.path), str(key), bad)
+                    else logging.DEBUG,
                     "lock state %s: GPU %s: %s; its locked clocks are taken as unknown",
                     self.path,
                     key,
@@ -430,7 +447,9 @@ class LockState:
                 continue
             value = finite_number(entry.get("original_mw"))
             if value is None or not 0 < value <= MAX_POWER_W * 1000.0 or value != int(value):
-                log.warning(
+                said = _first_time(str(self.path), str(key), repr(entry.get("original_mw")))
+                log.log(
+                    logging.WARNING if said else logging.DEBUG,
                     "lock state %s: GPU %s: original_mw is %r, not a power limit in mW; "
                     "its power limit before gpugov is unknown: check it (nvidia-smi -q -d "
                     "POWER)",

@@ -4,6 +4,8 @@ names the privilege it needs (no ``--dry-run``, which a reset has no use for), a
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,28 @@ def test_gpus_whose_reset_hangs_leave_a_healthy_gpu_after_them_its_reset(
     assert [line.split(":", 1)[0] for line in lines[:2]] == ["GPU 0", "GPU 1"]
     assert all("(a hung GPU call: a driver in trouble)" in line for line in lines[:2]), lines
     assert lines[2:] == ["gpugov: error: 2 of 3 GPU(s) not reset: 0, 1; they may still be locked"]
+
+
+def test_a_damaged_lock_record_is_one_warning_however_many_gpus_are_reset(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A lock record that is no JSON, or names a clock that is none, is read once per GPU
+    for its lock and once for its power limit: each said the same warning again (four
+    identical lines for two GPUs, sixteen for eight)."""
+    fake = node_commands_on(monkeypatch, FakeNvml(2))
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    record = tmp_path / "locks.json"
+    uuid = fake.gpus[0].uuid
+    bad_clock = json.dumps({"version": 1, "gpus": {uuid: {"gpu": "0", "min_mhz": "abc"}}})
+    bad_limit = json.dumps({"version": 1, "power_limits": {uuid: {"original_mw": -5}}})
+    for text, needle in (
+        ("[1, 2", "cannot read it"),
+        (bad_clock, "min_mhz is 'abc'"),
+        (bad_limit, "original_mw is -5"),
+    ):
+        record.write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert node_cli.main(["reset-clocks"]) == 0
+        said = [r.getMessage() for r in caplog.records if needle in r.getMessage()]
+        assert len(said) == 1, said
