@@ -69,6 +69,8 @@ def cmd_load(args: argparse.Namespace) -> int:
         model = args.model or served_model(args.url, api_key=api_key)
     except EngineUnreachable as error:
         raise UsageError(str(error)) from error
+    if args.model:
+        _check_the_model_is_served(args.url, args.model, api_key)
     if args.max_model_len is None:
         context = served_max_model_len(args.url, model, api_key=api_key)
         _warn_over_the_context(args.trace, workload, context)
@@ -163,6 +165,30 @@ def cmd_load(args: argparse.Namespace) -> int:
         first = "no request finished" if kind is None else summary["error_examples"][kind]
         return fail(f"no request completed against {args.url}: {first}", ExitCode.FAILURE)
     return ExitCode.OK
+
+
+def _check_the_model_is_served(url: str, model: str, api_key: str | None) -> None:
+    """Refuse ``--model`` before any request when the server's ``/v1/models`` list is
+    read and names no such model: every request was refused (vLLM's 404) through the whole
+    window. A server that lists no models, or none readable, is left to answer.
+
+    Raises:
+        UsageError: naming the flag and the models the server lists.
+    """
+    from gpugov.daemon.cli_support import UsageError
+    from gpugov.study.openai_client import EngineUnreachable, served_models
+
+    try:
+        entries = served_models(url, api_key=api_key)
+    except EngineUnreachable:
+        return
+    ids = [entry["id"] for entry in entries if isinstance(entry, dict) and "id" in entry]
+    if ids and model not in ids:
+        listed = ", ".join(str(name) for name in ids[:10]) + (", ..." if len(ids) > 10 else "")
+        raise UsageError(
+            f"--model {model}: {url}/v1/models lists no such model (it serves {listed}); "
+            "name one of them, or leave --model out for the first"
+        )
 
 
 def _warn_over_the_context(trace: str, workload: Any, context: int | None) -> None:

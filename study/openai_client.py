@@ -181,11 +181,12 @@ def base_url(url: str) -> tuple[str, int, str]:
     return parts.hostname, port or 80, prefix
 
 
-def served_model(url: str, timeout_s: float = 5.0, *, api_key: str | None = None) -> str:
-    """The first model id ``GET /v1/models`` lists.
+def served_models(url: str, timeout_s: float = 5.0, *, api_key: str | None = None) -> list[Any]:
+    """The entries ``GET /v1/models`` lists (an object's ``id`` is a model's name): the one
+    read of the list that every question about the served models asks.
 
     Raises:
-        EngineUnreachable: refused, timed out, or not an OpenAI-compatible answer.
+        EngineUnreachable: refused, timed out, or not an OpenAI-compatible model list.
     """
     host, port, prefix = base_url(url)
     connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
@@ -206,7 +207,19 @@ def served_model(url: str, timeout_s: float = 5.0, *, api_key: str | None = None
         models = json.loads(body)["data"]
     except (ValueError, KeyError, TypeError) as error:
         raise EngineUnreachable(f"{url}/v1/models is not an OpenAI model list") from error
-    if not isinstance(models, list) or not models:
+    if not isinstance(models, list):
+        raise EngineUnreachable(f"{url}/v1/models is not an OpenAI model list")
+    return models
+
+
+def served_model(url: str, timeout_s: float = 5.0, *, api_key: str | None = None) -> str:
+    """The first model id ``GET /v1/models`` lists.
+
+    Raises:
+        EngineUnreachable: refused, timed out, or not an OpenAI-compatible answer.
+    """
+    models = served_models(url, timeout_s, api_key=api_key)
+    if not models:
         raise EngineUnreachable(f"{url}/v1/models lists no model")
     first = models[0].get("id") if isinstance(models[0], dict) else None
     if not isinstance(first, str) or not first:
@@ -219,22 +232,16 @@ def served_max_model_len(
 ) -> int | None:
     """``max_model_len`` of ``model`` as ``GET /v1/models`` lists it (vLLM, SGLang and the
     emulator say it); None when the server does not say, or does not answer."""
-    host, port, prefix = base_url(url)
-    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        connection.request("GET", f"{prefix}/v1/models", headers=auth_headers(api_key))
-        response = connection.getresponse()
-        entries = json.loads(response.read())["data"] if response.status == 200 else []
-        for entry in entries:
-            if isinstance(entry, dict) and entry.get("id") == model:
-                value = entry.get("max_model_len")
-                is_count = isinstance(value, int) and not isinstance(value, bool) and value > 0
-                return value if is_count else None
+        models = served_models(url, timeout_s, api_key=api_key)
+    except EngineUnreachable:
         return None
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
-        return None
-    finally:
-        connection.close()
+    for entry in models:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            value = entry.get("max_model_len")
+            is_count = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            return value if is_count else None
+    return None
 
 
 def request_body(
