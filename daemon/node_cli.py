@@ -319,14 +319,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         config, path=args.file, offline=args.offline, load_nvml=lambda: load_pynvml()
     )
     problems.extend(report.problems)
-    # Where run would start (no problem): a refused config's one line stays one.
-    unkept = [] if report.problems or problems else unkept_model_warnings(config)
-    for line in [*slo_warnings(config), *period_warnings(config), *unkept, *report.warnings]:
-        warn(line)
     if problems:
+        # A refused config's lines are its problems alone: warnings about a config run
+        # would not start with came first and buried them.
         for problem in problems:
             fail(problem)
         return exit_code(problems[0]) or EXIT_FAILURE
+    for line in [
+        *slo_warnings(config),
+        *period_warnings(config),
+        *unkept_model_warnings(config),
+        *report.warnings,
+    ]:
+        warn(line)
     print(printable(f"{args.file}: OK"))
     print(describe_config(config))
     for line in report.lines:

@@ -275,6 +275,18 @@ def test_every_problem_is_one_line_and_the_first_sets_the_exit_code(
     assert "floor_mhz" in errors[1] and "mpc controller" in errors[2]
 
 
+def test_a_refused_config_gets_its_problems_alone_not_the_warnings(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config that also draws a warning (no TPOT SLO) and that run refuses (a floor
+    above every clock) is its refusal's one line: the warning came first and buried it."""
+    path = _write(tmp_path, tables="[domains.safety]\nfloor_mhz = 2500\n")
+    path.write_text(path.read_text().replace(SLOS, "ttft_slo_s = 1.0\n"))
+    assert node_cli.main(["check-config", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "floor_mhz" in lines[0], lines
+
+
 def test_the_watchdog_period_is_checked_as_run_checks_it(
     tmp_path: Path,
     fake: FakeNvml,
