@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.actuator import ClockActuator
-from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.backend import GpuBackend, clock_tolerance_mhz
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.files import (
     InputFileError,
@@ -34,6 +34,7 @@ from gpugov.daemon.files import (
 )
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.readback import DRIVER_OFFSET_STEPS
 from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import (
@@ -297,6 +298,30 @@ class Sweep:
         if self.stop.is_set():
             raise Interrupted("interrupted")
 
+    def _check_lock_held(
+        self, requested_mhz: int | None, measurement: str, clocks: Sequence[float]
+    ) -> None:
+        """Refuse a measurement the GPUs ran above the locked clock for (their median
+        further above it than a driver holds a lock: another program reset the clocks,
+        the GPU or its emulator restarted, or the lock's write failed): its rates and
+        powers are another clock's, and were recorded under this one.
+
+        Raises:
+            ProfileRunError: naming the clock, the measurement and the clock it ran at.
+        """
+        if requested_mhz is None or not clocks or not self.backends:
+            return  # a dry run locks nothing
+        ran = sorted(clocks)[len(clocks) // 2]
+        step = clock_tolerance_mhz(self.backends[0].supported_clocks_mhz()) / 2.0
+        if ran <= requested_mhz + step * DRIVER_OFFSET_STEPS:
+            return
+        raise ProfileRunError(
+            f"{requested_mhz} MHz: the GPUs ran at {ran:.0f} MHz while its {measurement} "
+            "was measured: the lock did not hold (did another program reset the clocks, "
+            "or the GPU or its emulator restart?); that clock was not recorded, --resume "
+            "measures it again"
+        )
+
     def measure_clock(
         self,
         measurer: Measurer,
@@ -319,10 +344,13 @@ class Sweep:
         step("prefill")
         decode = []
         busy_clocks = [r.sm_clock_mhz for r in prefill_readings if r.sm_clock_mhz]
+        self._check_lock_held(requested_mhz, "prefill", busy_clocks)
         for batch, prompt in settings.decode_points:
             point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
             decode.append(point_dict(point))
-            busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            self._check_lock_held(requested_mhz, f"decode B={batch}", clocks)
+            busy_clocks += clocks
             self._check_stop()
             step(f"decode B={batch}")
         remeasured = 0
@@ -335,7 +363,9 @@ class Sweep:
             batch, prompt = decode[worst]["batch"], decode[worst]["prompt_tokens"]
             point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
             decode[worst] = point_dict(point)
-            busy_clocks += [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
+            self._check_lock_held(requested_mhz, f"decode B={batch}", clocks)
+            busy_clocks += clocks
             remeasured += 1
             self._check_stop()
         ended = self.clock()
