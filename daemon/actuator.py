@@ -693,7 +693,8 @@ class ClockActuator:
         self.locked_mhz[backend.label] = None
         if self.state is not None:
             self.state.clear(gpu_key(backend))
-        log.info("domain %s: GPU %s clocks reset", self.domain, backend.label)
+        dry = " (dry run: not written)" if isinstance(backend, DryRunBackend) else ""
+        log.info("domain %s: GPU %s clocks reset%s", self.domain, backend.label, dry)
         return "done"
 
     # --------------------------------------------------------------- reconcile
@@ -791,9 +792,11 @@ class ClockActuator:
         if entry is not None:
             found = f"{left_by(entry)} (now {now} of {top} MHz)"
         elif seems_locked:
-            found = (
-                f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: "
-                "locked by someone else or by a run that left no record"
+            found = f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: " + (
+                # A dry run reads no lock record: a running gpugov's lock looks alike.
+                "locked by someone else or a running gpugov (a dry run reads no record)"
+                if dry_run
+                else "locked by someone else or by a run that left no record"
             )
         else:
             line = f"GPU {label}: no lock found (SM clock {now} of {top} MHz)"

@@ -206,8 +206,11 @@ def _run_node(args: argparse.Namespace) -> int:
                 if exporter is not None:
                     exporter.close()
                 assembled.close()
-    log.info("stopped; every clock gpugov locked was reset")
-    return _stopped(received)
+    if dry_run:
+        log.info("stopped; a dry run: no clock was locked")
+    else:
+        log.info("stopped; every clock gpugov locked was reset")
+    return _stopped(received, dry_run=dry_run)
 
 
 def _restore_at_start(domains: Sequence[Domain], advice: ResetAdvice) -> None:
@@ -259,11 +262,14 @@ def _built_unless_stopped(build: Callable[[], T], stop: threading.Event) -> T | 
     return outcome[0]
 
 
-def _stopped(received: list[str]) -> int:
+def _stopped(received: list[str], *, dry_run: bool = False) -> int:
     """The exit code of a run stopped by a signal (``received``: its name, if any)."""
     if received[:1] == ["SIGINT"]:
         # Ctrl-C, as every command answers it: one line and 130, after the reset.
-        print_to_stderr("gpugov: interrupted; every clock gpugov locked was reset")
+        done = (
+            "a dry run: no clock was locked" if dry_run else "every clock gpugov locked was reset"
+        )
+        print_to_stderr(f"gpugov: interrupted; {done}")
         return ExitCode.INTERRUPTED
     return EXIT_OK
 

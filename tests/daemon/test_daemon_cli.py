@@ -1614,3 +1614,41 @@ def test_a_stop_during_the_start_that_leaves_a_gpu_locked_exits_6(
     assert last.startswith("gpugov: error:") and "GPU(s) 0" in last, err
     assert "every clock gpugov locked was reset" not in err
     assert "GPU-fake-0000" in LockState(state_dir).read()  # kept for the next start
+
+
+def test_a_dry_run_stopped_says_it_locked_nothing(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dry run writes nothing; its exit said ``GPU 0 clocks reset`` and ``every clock
+    gpugov locked was reset``, as if it had locked them. It now says it locked none."""
+    import logging
+    import os
+    import signal
+
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    read = fake.nvmlDeviceGetUtilizationRates
+    calls = [0]
+
+    def utilisation(handle: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 6:  # a few ticks in: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+        return read(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetUtilizationRates", utilisation)
+    config = _config(tmp_path, metrics_server.url, "period_s = 0.05")
+    with caplog.at_level(logging.INFO):
+        assert node_cli.main(["run", "--config", str(config), "--dry-run"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "gpugov: interrupted; a dry run: no clock was locked", err
+    text = caplog.text
+    assert "every clock gpugov locked was reset" not in text
+    assert "stopped; a dry run: no clock was locked" in text
+    resets = [line for line in text.splitlines() if "clocks reset" in line]
+    assert resets and all("(dry run: not written)" in line for line in resets), resets
+    assert not any(write[0] == "nvmlDeviceSetGpuLockedClocks" for write in fake.writes)
