@@ -17,6 +17,10 @@ from gpugov.daemon.gpu_writer import GpuWriter
 # The power limit actuator's logger: these lines were logged there and keep its name.
 log = logging.getLogger("gpugov.daemon.power_limit")
 
+_SPLIT_STEPS = 200
+"""The most halvings :meth:`PowerLimitBounds.level` makes: far more than a float's
+precision needs, from any range, so its search always ends."""
+
 
 class PowerLimitBounds:
     """What a domain's power cap may ask of its GPUs.
@@ -119,8 +123,10 @@ class PowerLimitBounds:
             low, high = even, min(max(b[1] for b in bounds), max(cap_w, even))
             if total(high) <= cap_w:
                 return max(high, even)  # more than they hold together: each at its ceiling
-        while high - low > 1e-4:  # the total grows with the share: bisect to 0.1 mW
+        for _ in range(_SPLIT_STEPS):  # the total grows with the share: bisect
             middle = (low + high) / 2.0
+            if not low < middle < high or high - low <= 1e-4:
+                break  # to 0.1 mW, or as close as floats that large get (no endless loop)
             if total(middle) < cap_w:
                 low = middle
             else:

@@ -147,6 +147,25 @@ def test_a_share_within_half_a_watt_of_a_gpus_own_limit_leaves_it_alone(
     assert _limits_mw(fake_nvml) == [700_000, 700_000]
 
 
+def test_a_huge_cap_with_a_gpu_not_read_yet_is_split_without_a_stall(
+    fake_nvml: FakeNvml,
+) -> None:
+    """A cap of 1e13 W while one GPU's limits could not be read yet (no ceiling known):
+    the split's search ends (it looped for ever where floats that large are further
+    apart than its tolerance) and the GPU read sets its own limit."""
+    fake_nvml.fail("nvmlDeviceGetPowerManagementLimit", fp.NVML_ERROR_TIMEOUT)  # GPU 0
+    fake_nvml.fail("nvmlDeviceGetPowerManagementLimitConstraints", fp.NVML_ERROR_TIMEOUT)
+    import threading
+
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    written: list[int] = []
+    applying = threading.Thread(target=lambda: written.append(actuator.apply(1e13)), daemon=True)
+    applying.start()
+    applying.join(30)  # a bound to catch the hang
+    assert written == [0]  # GPU 1 at its own limit; GPU 0 next tick
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+
+
 def test_a_cap_back_to_none_restores_the_original_limit(fake_nvml: FakeNvml) -> None:
     fake_nvml.gpus[1].power_limit_mw = 650_000  # an operator's own limit, kept as the original
     actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
