@@ -109,6 +109,13 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
     from gpugov.study.outputs import held_output_dir
     from gpugov.study.scoreboard.scenarios import trace_warnings
 
+    given = [
+        flag
+        for dest, (flag, default) in getattr(args, "step_only", {}).items()
+        if args.no_step and getattr(args, dest, default) != default
+    ]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not with --no-step (it runs no budget-step cells)")
     control_period = control_period_of(args.control_period, args.controller)
     config = FleetConfig(
         nodes=args.nodes,
@@ -262,7 +269,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help=f"output directory (default ./{DEFAULT_OUT})")  # fmt: skip
     add("--quiet", action="store_true", help="no progress line")
     add_runner_arguments(parser, jobs_help="local worker processes (default: one per CPU)")
-    parser.set_defaults(handler=run_fleet_command)
+    # The budget step's flags, with their defaults: --no-step refuses one given another
+    # value (it ignored them).
+    step_only = {
+        action.dest: (action.option_strings[0], action.default)
+        for action in parser._actions
+        if action.dest.startswith("step_")
+    }
+    parser.set_defaults(handler=run_fleet_command, step_only=step_only)
 
 
 __all__ = ["register", "run_fleet_command"]

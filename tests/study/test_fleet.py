@@ -545,6 +545,11 @@ def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
         # Every cell simulates --duration + --drain: 3e8 s ran with an ETA of 1,800 hours.
         (["--no-step", "--drain", "3e8"], "over the limit of 7 simulated days"),
         (["--no-step", "--duration", "604800"], "shorten --duration or --drain"),
+        # The step's flags beside --no-step were ignored: no step ran, and none was said.
+        (
+            ["--no-step", "--step-at", "5", "--step-hold", "30"],
+            "--step-at, --step-hold: not with --no-step (it runs no budget-step cells)",
+        ),
         (
             ["--duration", "40", "--step-at", "0", "--step-ramp", "0", "--step-hold", "0.5"],
             "holds the middle of no control period (--control-period 1 s)",
