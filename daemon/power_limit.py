@@ -74,7 +74,7 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.exit_restore import PERMANENT_RESET_ERRORS, ExitBudget, Outcome, restore_each
 from gpugov.daemon.gpu_writer import GpuWriter, LateCall, WriteFailureLog
 from gpugov.daemon.lockstate import LockState, gpu_key, live_writer, writer_pid_text
-from gpugov.daemon.power_limit_bounds import PowerLimitBounds
+from gpugov.daemon.power_limit_bounds import PowerLimitBounds, implausible_limit
 from gpugov.daemon.power_limit_ledger import SAME_LIMIT_W, PowerLimitLedger, none_of
 from gpugov.plant.input_files import finite_number
 
@@ -381,6 +381,21 @@ class PowerLimitActuator:
             )
         return now
 
+    def _plausible(self, backend: PowerLimitBackend, now: float | None, why: str) -> float | None:
+        """``now``, ``backend``'s limit as read before a restore, or None (unknown) where it
+        is no limit the GPU could have (NVML's 0xFFFFFFFF mW): taken for someone else's,
+        it left the GPU capped."""
+        if now is None:
+            return None
+        try:
+            problem = self.bounds.implausible(now, backend)
+        except GpuError:  # its constraints not read (a lost GPU): the restore's write tells
+            problem = implausible_limit(now, None)
+        if problem is None:
+            return now
+        log.debug("GPU %s: power limit not read for %s: %s", backend.label, why, problem)
+        return None
+
     def _original(self, backend: PowerLimitBackend) -> float | None:
         """The GPU's limit before gpugov's first write: read now while gpugov holds none
         on it (a limit an operator sets meanwhile is the one to keep under and restore),
@@ -520,6 +535,7 @@ class PowerLimitActuator:
             except GpuError as error:
                 now = None
                 log.debug("GPU %s: power limit not read before restoring: %s", label, error)
+            now = self._plausible(backend, now, "restoring")
             if now is not None and abs(now - original) <= SAME_LIMIT_W:
                 self.ledger.forget(backend)
                 return "left"
@@ -726,6 +742,7 @@ class PowerLimitActuator:
         except GpuError as error:
             now = None
             log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
+        now = self._plausible(backend, now, "reconcile")
         found = (
             f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) set its power "
             f"limit to {'?' if left is None else f'{left:g}'} W (now "

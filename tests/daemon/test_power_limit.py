@@ -334,6 +334,37 @@ def test_a_power_limit_read_as_no_limit_is_never_taken_as_the_original(
     assert _limits_mw(fake_nvml) == [700_000, 700_000]
 
 
+def test_a_limit_read_as_no_limit_at_restore_is_unknown_not_someone_elses(
+    fake_nvml: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read before a restore (at exit, or a start's reconcile after a crash) that
+    gives no limit a GPU could have (0xFFFFFFFF mW) is an unknown limit: the original is
+    written back. It was taken for a limit someone else set: the GPU was left capped (and
+    the lock record's entry dropped) with exit 0."""
+    read = fake_nvml.nvmlDeviceGetPowerManagementLimit
+    garbled = False
+
+    def garbled_read(handle: Any) -> int:
+        return 0xFFFFFFFF if garbled and handle.index == 0 else read(handle)
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPowerManagementLimit", garbled_read)
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(600.0)
+    garbled = True
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    garbled = False
+    crashed = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    crashed.apply(600.0)  # then killed: its record stays
+    garbled = True
+    started = PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=4242)
+    )
+    lines = started.reconcile()
+    assert _limits_mw(fake_nvml) == [700_000, 700_000]
+    assert "restored" in lines[0] and "now unknown" in lines[0], lines
+
+
 def test_the_exit_restore_retries_with_backoff_and_names_what_stays_capped(
     fake_nvml: FakeNvml,
 ) -> None:
