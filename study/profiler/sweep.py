@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "sweep-state.jsonl"
 MAX_REMEASURES = 2
+LOCK_ATTEMPTS = 3
+"""Writes of a clock's lock before a sweep gives up on it (a write may fail transiently)."""
 DECODE_FIT_MIN_R2 = 0.995
 PREFILL_FIT_MIN_R2 = 0.99
 """A prefill whose completion times fit its rate's line worse than this is measured
@@ -301,6 +303,33 @@ class Sweep:
         if self.stop.is_set():
             raise Interrupted("interrupted")
 
+    def _lock(self, actuator: ClockActuator, clock_mhz: int) -> None:
+        """Lock every GPU at ``clock_mhz``, writing again where a write failed transiently
+        (the actuator counts it and leaves it to its next call): measured unlocked, the
+        GPUs ran at the clock before it, recorded under this one.
+
+        Raises:
+            ProfileRunError: a GPU still not locked after :data:`LOCK_ATTEMPTS` writes.
+            Interrupted: a stop while waiting to write again.
+        """
+        missing: list[str] = []
+        for attempt in range(LOCK_ATTEMPTS):
+            if attempt:
+                self._check_stop()
+                if self.stop.wait(self.settings.settle_s):
+                    raise Interrupted("interrupted")
+            actuator.apply(clock_mhz)
+            missing = [
+                b.label for b in self.backends if actuator.locked_mhz.get(b.label) != clock_mhz
+            ]
+            if not missing:
+                return
+        raise ProfileRunError(
+            f"{clock_mhz} MHz: the lock could not be set on GPU(s) {','.join(missing)} "
+            f"({LOCK_ATTEMPTS} writes failed, the GPU busy or not answering); that clock was "
+            "not measured, --resume measures it"
+        )
+
     def _check_lock_held(
         self, requested_mhz: int | None, measurement: str, clocks: Sequence[float]
     ) -> None:
@@ -503,7 +532,7 @@ class Sweep:
             try:
                 for clock_mhz in todo:
                     self._check_stop()
-                    actuator.apply(clock_mhz)
+                    self._lock(actuator, clock_mhz)
                     if on_first_lock is not None:
                         on_first_lock()
                         on_first_lock = None
