@@ -48,7 +48,9 @@ def _gpu_list(value: str) -> list[int | str]:
     items: list[int | str] = []
     for part in value.split(","):
         part = part.strip()
-        if part.isdigit():
+        # ASCII digits only, as every --gpus (cli_support.parse_gpu_list): '٣' was GPU 3,
+        # and '²' (a digit to isdigit(), none to int()) named a Python function.
+        if part.isascii() and part.isdigit():
             if int(part) > MAX_GPU_INDEX:
                 raise argparse.ArgumentTypeError(
                     f"GPU indices lie in [0, {MAX_GPU_INDEX}], got {part[:40]!r}"
@@ -80,7 +82,7 @@ SOCKET_PATH_BYTES = 107
 def _allowed_user(value: str) -> str:
     """``--allow``: a uid in [0, 2**32 - 2] or a user name (looked up at each connection:
     a systemd DynamicUser exists only while its unit runs)."""
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # '٣' was uid 3, '²' a Python function's name
         if int(value) > MAX_UID:
             raise argparse.ArgumentTypeError(f"a uid lies in [0, {MAX_UID}], got {value[:40]!r}")
         return value
@@ -108,6 +110,10 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
 
     def parse(value: str) -> float:
         try:
+            # A plain number, as every flag takes one (plant.input_files.plain_float, which
+            # the actuator cannot import): float() reads '1_0' as 10 and '٣' as 3.
+            if not value.isascii() or "_" in value:
+                raise ValueError(value)
             number = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(

@@ -141,7 +141,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 def resolve_uid(allowed: str) -> int | None:
     """The uid ``allowed`` names now: a number, or a user name (a systemd DynamicUser
     resolves only while its unit runs, so it is looked up at each connection)."""
-    if allowed.isdigit():
+    if allowed.isascii() and allowed.isdigit():
         return int(allowed)
     try:
         return pwd.getpwnam(allowed).pw_uid

@@ -966,10 +966,29 @@ PROFILE_FLAGS = ["profile", "--engine-url", "http://127.0.0.1:1", "--gpus", "0",
             "--clock-list '١٠٠٠,1200': expected MHz,MHz,...",
         ),
         (["emulate", "--profile", "h100-sxm-llama3-8b", "--fault", "lost-after:1_0"], "--fault"),
+        # The actuator read its flags by its own rules: --gpus ٣ served GPU 3, --allow ٣
+        # allowed uid 3, --max-lease-s 1_0 was 10 s and --gpus ² named a Python function.
+        (
+            ["actuator", "--gpus", "٣", "--allow", "root"],
+            "argument --gpus: GPUs are NVML indices or GPU-/MIG- UUIDs separated by commas",
+        ),
+        (["actuator", "--gpus", "²", "--allow", "root"], "argument --gpus: GPUs are NVML"),
+        (["actuator", "--gpus", "0", "--allow", "٣"], "argument --allow: a user name or a uid"),
+        (["actuator", "--gpus", "0", "--allow", "²"], "argument --allow: a user name or a uid"),
+        (
+            ["actuator", "--gpus", "0", "--allow", "root", "--max-lease-s", "1_0"],
+            "argument --max-lease-s: must be a number of seconds, got '1_0'",
+        ),
+        (
+            ["actuator", "--gpus", "0", "--allow", "root", "--min-relock-s", "٣"],
+            "argument --min-relock-s: must be a number of seconds, got '٣'",
+        ),
     ],
     ids=[
         "duration-underscore", "duration-fullwidth", "seed", "fixed", "power-cap", "params_b",
-        "tp-arabic", "gpus-superscript", "clock-list-arabic", "lost-after",
+        "tp-arabic", "gpus-superscript", "clock-list-arabic", "lost-after", "actuator-gpus",
+        "actuator-gpus-superscript", "actuator-allow", "actuator-allow-superscript",
+        "actuator-lease", "actuator-relock",
     ],
 )  # fmt: skip
 def test_a_number_that_is_no_plain_number_is_refused(
