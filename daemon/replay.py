@@ -95,10 +95,15 @@ class ReplayReport:
 
     def format(self, show: int = 10) -> str:
         """A short human report."""
-        n = max(self.compared, 1)
+        n = self.compared
         lines = [
             f"replayed {self.compared} decisions of {self.recorded_controller!r} through "
-            f"{self.replayed_controller!r} ({self.skipped_failsafe} fail-safe ticks skipped)",
+            f"{self.replayed_controller!r} ({self.skipped_failsafe} fail-safe ticks skipped)"
+        ]
+        if not n:  # means of no decision are no figures
+            lines.append("  no decision to compare: every recorded tick held the fail-safe")
+            return "\n".join(lines)
+        lines += [
             f"  differing ticks     {self.differing} ({100.0 * self.differing / n:.1f} %)",
             f"  mean |difference|   {self.abs_diff_sum_mhz / n:.1f} MHz",
             f"  mean request        recorded {self.recorded_sum_mhz / n:.1f} MHz, "
@@ -112,11 +117,13 @@ class ReplayReport:
                 f"replayed (as asked) {_mean_w(self.replayed_cap_sum_w, self.replayed_cap_ticks)}"
             )
         runs = self.ranges()
-        if runs:
+        if runs and show <= 0:  # --show 0: the counts, no list headings over empty lists
+            lines.append(f"  differing stretches ({len(runs)})")
+        elif runs:
             lines.append(f"  differing stretches ({len(runs)}; first {min(show, len(runs))}):")
             for start, end, count in runs[:show]:
                 lines.append(f"    t = {start:9.1f} .. {end:9.1f} s  ({count} ticks)")
-        if self.differences:
+        if self.differences and show > 0:
             lines.append(
                 f"  first {min(show, self.differing)} differences (t, recorded -> replayed):"
             )
