@@ -579,6 +579,21 @@ class GpugovConfig(FrozenModel):
         return self
 
     @model_validator(mode="after")
+    def _emulated_gpus_are_indices(self) -> GpugovConfig:
+        """The emulator's GPUs answer to their index only: a UUID passed ``check-config
+        --offline`` and stopped ``run`` at its start."""
+        if self.daemon.backend != "emulated":
+            return self
+        for index, domain in enumerate(self.domains):
+            named = [gpu for gpu in domain.gpus if isinstance(gpu, str)]
+            if named:
+                raise ValueError(
+                    f'domains[{index}].gpus: {named[0]!r}: backend = "emulated" names a GPU '
+                    "by its index (0, 1, ...), as gpugov emulate lists them"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _caps_have_a_power_limit_backend(self) -> GpugovConfig:
         backend = self.daemon.backend
         if backend in POWER_LIMIT_BACKENDS:

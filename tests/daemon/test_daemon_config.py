@@ -524,6 +524,23 @@ def test_a_spec_takes_its_files_from_the_home(
         assert parse_controller_spec(text).prior_profile == mine  # type: ignore[union-attr]
 
 
+def test_an_emulated_gpu_named_by_uuid_is_refused_naming_the_field() -> None:
+    """The emulator's GPUs answer to their index only: a UUID passed check-config
+    --offline, and run stopped at its start in a line that named no file or field."""
+    data = {
+        "daemon": {"backend": "emulated", "emulator": "http://127.0.0.1:8000"},
+        "domains": [{"name": "a", "gpus": [0]}, {"name": "b", "gpus": [1, "GPU-1234"]}],
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    assert str(info.value) == (
+        "gpugov.toml: (top level): domains[1].gpus: 'GPU-1234': backend = \"emulated\" names a "
+        "GPU by its index (0, 1, ...), as gpugov emulate lists them"
+    )
+    data["daemon"] = {"backend": "nvml"}
+    assert parse_config(data).domains[1].gpus == (1, "GPU-1234")
+
+
 def test_an_unset_period_follows_the_controllers() -> None:
     """Unset, ``daemon.period_s`` is mpc-online's 0.25 s when every domain runs it (the
     scrape deadline following), 1 s beside any other controller; a set one is kept."""
