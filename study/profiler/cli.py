@@ -86,11 +86,12 @@ def _check_one_emulated_engine(
     Raises:
         UsageError: naming the flag and the GPUs to list.
     """
-    from gpugov.daemon.emulated import emulated_replicas
+    from gpugov.daemon.emulated import emulated_gpu_roles, emulated_replicas
     from gpugov.daemon.errors import GpuUnavailable
 
     try:
         groups = emulated_replicas(engine_base, api_key=api_key)
+        roles = emulated_gpu_roles(engine_base, api_key=api_key)
     except GpuUnavailable:
         return
     if not groups:
@@ -98,6 +99,19 @@ def _check_one_emulated_engine(
     known = {gpu for group in groups for gpu in group}
     if not all(gpu in known for gpu in gpus):
         return  # a GPU the emulator does not have: the backend says so (exit 4)
+    if roles:
+        # Pools, not replicas: each request's prefill runs on one and its decode on the
+        # other, so no lock on some of the GPUs measures one engine.
+        pools = ", ".join(
+            f"{role} GPUs {','.join(str(gpu) for gpu in sorted(roles) if roles[gpu] == role)}"
+            for role in dict.fromkeys(roles[gpu] for gpu in sorted(roles))
+        )
+        raise UsageError(
+            f"--engine-url {engine_base}: gpugov emulate serves a disaggregated layout "
+            f"({pools}): each request's prefill and decode run in different pools, and a "
+            "profile measures one colocated engine: run the emulator without --layout; "
+            "nothing was changed"
+        )
     if len(groups) > 1:
         listed = "; ".join(",".join(str(gpu) for gpu in group) for group in groups)
         raise UsageError(

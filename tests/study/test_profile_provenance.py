@@ -133,6 +133,35 @@ def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("gpus", ["0", "1", "0,1"])
+def test_a_disaggregated_emulator_is_refused_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpus: str
+) -> None:
+    """Against ``gpugov emulate --layout 1P1D`` the line said the emulator "spreads the
+    requests over" two replicas; its pools serve each request's prefill and decode in
+    turn, on different GPUs, which no profile of one engine describes."""
+    from gpugov.study.emulate.disaggregated import DisaggregatedNode
+
+    node = DisaggregatedNode(
+        ServingPlant.from_profile(make_profile()), prefill_replicas=1, decode_replicas=1
+    )
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        argv = ["profile", "--engine-url", server.url, "--gpus", gpus, "--backend", "emulated"]
+        assert main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        f"gpugov: error: --engine-url {server.url}: gpugov emulate serves a disaggregated "
+        "layout (prefill GPUs 0, decode GPUs 1)"
+    )
+    assert "spreads" not in err[0] and "without --layout" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_dry_run_against_the_emulator_says_it_is_emulated(
     emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
