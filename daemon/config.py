@@ -682,6 +682,10 @@ def validation_problems(error: ValidationError, source: str) -> list[str]:
                 break
         message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
         message = _toml_words(item["type"], tuple(loc), item.get("input")) or message
+        tagged = _tag_words(item["type"], item.get("ctx") or {})
+        if tagged is not None:  # pydantic's "Unable to extract tag using discriminator"
+            loc.append(str(item["ctx"]["discriminator"]).strip("'"))
+            message = tagged
         message = message.removeprefix("Value error, ")
         lines.append(f"{source}: {_path(tuple(loc))}: {message}")
     return lines
@@ -701,6 +705,20 @@ def _toml_words(kind: str, loc: tuple[int | str, ...], value: object) -> str | N
     name = ".".join(str(part) for part in loc if isinstance(part, str))
     section = f"[[{name}]]" if loc and isinstance(loc[-1], int) else f"[{name}]"
     return f"must be a table of keys (a {section} section, or {{ key = value }}), got {value!r:.40}"
+
+
+def _tag_words(kind: str, context: dict[str, Any]) -> str | None:
+    """A missing or unknown controller ``kind`` in the file's words (the kinds there are,
+    the closest to a mistyped one), or None for any other problem."""
+    from gpugov.daemon.controller_spec import did_you_mean
+
+    kinds = ", ".join(sorted(_CONTROLLER_TAGS))
+    if kind == "union_tag_not_found":
+        return f"missing: name the controller, one of {kinds}"
+    if kind == "union_tag_invalid":
+        tag = str(context.get("tag"))
+        return f"unknown controller {tag!r}{did_you_mean(tag)}; one of {kinds}"
+    return None
 
 
 _CONTROLLER_TAGS = controller_kinds()

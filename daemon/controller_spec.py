@@ -248,7 +248,7 @@ def _shown(value: object) -> str:
     return f"{quoted[: SHOWN_CHARS - 3]}... ({len(str(value))} characters)"
 
 
-def _did_you_mean(kind: str) -> str:
+def did_you_mean(kind: str) -> str:
     """`` (did you mean 'mpc-online'?)`` for the kind closest to ``kind``, else ''."""
     close = difflib.get_close_matches(kind.lower(), SPEC_KINDS, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -379,7 +379,7 @@ def _parse_spec(text: str, default_profile: str | None) -> ControllerConfig:
             ) from None
         return ExternalControllerConfig(kind="external", factory=registered, name=kind)
     raise ValueError(
-        f"unknown controller {_shown(text)}{_did_you_mean(kind)}; expected {CONTROLLER_SPEC_HELP}"
+        f"unknown controller {_shown(text)}{did_you_mean(kind)}; expected {CONTROLLER_SPEC_HELP}"
     )
 
 
@@ -400,6 +400,7 @@ __all__ = [
     "ONLINE_HINT_KEYS",
     "PEER_KINDS_WITHOUT_ARGUMENT",
     "canonical_controller_name",
+    "did_you_mean",
     "entry_point_factory",
     "load_factory",
     "parse_controller_spec",

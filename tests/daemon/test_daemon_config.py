@@ -62,7 +62,11 @@ def test_defaults() -> None:
             "greater than or equal to 0.01",
         ),
         (_domain(engine={"kind": "trtllm"}), "domains[0].engine.kind", "'auto'"),
-        (_domain(controller={"kind": "warp-drive"}), "domains[0].controller", "does not match"),
+        (
+            _domain(controller={"kind": "warp-drive"}),
+            "domains[0].controller.kind",
+            "unknown controller 'warp-drive'",
+        ),
         (_domain(controller={"kind": "fixed"}), "domains[0].controller.clock_mhz", "required"),
         (
             _domain(controller={"kind": "fixed", "clock_mhz": "1410"}),
@@ -539,6 +543,29 @@ def test_an_emulated_gpu_named_by_uuid_is_refused_naming_the_field() -> None:
     )
     data["daemon"] = {"backend": "nvml"}
     assert parse_config(data).domains[1].gpus == (1, "GPU-1234")
+
+
+@pytest.mark.parametrize(
+    ("controller", "said"),
+    [
+        ({}, "domains[0].controller.kind: missing: name the controller, one of agft, "),
+        (
+            {"kind": "mpc-onlin"},
+            "domains[0].controller.kind: unknown controller 'mpc-onlin' (did you mean "
+            "'mpc-online'?); one of agft, ",
+        ),
+    ],
+)
+def test_a_missing_or_mistyped_controller_kind_is_named_in_the_files_words(
+    controller: dict[str, str], said: str
+) -> None:
+    """pydantic's own lines named its machinery: "Unable to extract tag using discriminator
+    'kind'", "Input tag 'mpc-onlin' found using 'kind' does not match any of the expected
+    tags"."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(_domain(controller=controller), "gpugov.toml")
+    assert str(info.value).startswith(f"gpugov.toml: {said}"), str(info.value)
+    assert "max, mpc, mpc-online" in str(info.value) and "tag" not in str(info.value)
 
 
 def test_an_unset_period_follows_the_controllers() -> None:
