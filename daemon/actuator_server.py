@@ -499,7 +499,8 @@ class ActuatorServer:
             raise Refused("busy", f"GPU {gpu.backend.label} is held by pid {gpu.holder.pid}")
 
     def _lock(self, conn: Connection, request: dict[str, Any]) -> dict[str, Any]:
-        """Lock within the supported range, at most once per ``min_relock_s`` per GPU."""
+        """Lock within the supported range, at most once per ``min_relock_s`` per GPU,
+        also when it is the lock held (the GPU's own may have been reset since)."""
         gpu = self._gpu(request)
         low, high = request.get("min_mhz"), request.get("max_mhz")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
@@ -512,8 +513,8 @@ class ActuatorServer:
                 f"{gpu.min_mhz}-{gpu.max_mhz} MHz (or min above max)",
             )
         self._owned_elsewhere(gpu, conn)
-        if gpu.holder is conn and gpu.held == (low, high):
-            return {"ok": True, "written": False}
+        # A lock equal to the one held is written again: another tool may have reset it
+        # (nvidia-smi -rgc), and the governor asks again only when its readback says so.
         now = self._clock()
         wait = gpu.last_lock_s + self.min_relock_s - now
         if wait > 0:

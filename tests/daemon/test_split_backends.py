@@ -265,6 +265,36 @@ def test_a_request_line_over_4_kib_closes_the_connection_even_when_it_ends(
         served.stop()
 
 
+def test_a_lock_someone_else_reset_is_locked_again_through_the_actuator(
+    socket_path: Path,
+) -> None:
+    """Someone resets a GPU the governor locked through the actuator (``nvidia-smi
+    -rgc``): the readback sees it and the governor asks for the lock again, which the
+    actuator took as already held and did not write, so the GPU stayed unlocked, however
+    often it was asked."""
+    import os
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    _client, (gpu,) = _governor(nvml, socket_path)
+    actuator = ClockActuator([gpu], domain="llm")
+    try:
+        assert actuator.apply(1410) == 1
+        assert nvml.locked(0) == (1410, 1410)
+        nvml.nvmlDeviceResetGpuLockedClocks(nvml.gpus[0])  # someone else's -rgc
+        changed: list[str] = []
+        for _ in range(10):  # confirmed over a few reads
+            changed = actuator.check_readback([gpu.sample()])
+            if changed:
+                break
+        assert changed == ["0"]
+        actuator.apply(1410)
+        assert nvml.locked(0) == (1410, 1410)
+    finally:
+        gpu.close()
+        served.stop()
+
+
 def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
     import os
 
