@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import threading
 import warnings
 from collections import deque
@@ -34,7 +35,7 @@ from gpugov.daemon.config import SafetyConfig, SLOTargetConfig
 from gpugov.daemon.config_types import FrozenModel
 from gpugov.daemon.deadline import READER_IDLE_S, WRITE_DEADLINE_S, LatestWriter, WriteTimeout
 from gpugov.daemon.domain import TickRecord
-from gpugov.daemon.errors import GpugovError
+from gpugov.daemon.errors import GpugovError, printable
 from gpugov.daemon.files import InputFileError, json_safe, loads_json, read_input_text
 from gpugov.daemon.limits import (
     MAX_CLOCK_MHZ,
@@ -257,9 +258,16 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
     where = f"{source}:1: header"
     unknown = sorted(set(header) - HEADER_FIELDS)
     if unknown:
+        written_by = header.get("gpugov_version")
+        newer = (
+            f"; the recording was written by gpugov {printable(written_by[:40])}, newer than this "
+            f"{__version__}: read it with that gpugov"
+            if isinstance(written_by, str) and _newer_version(written_by)
+            else ""
+        )
         raise RecordingError(
             f"{where} field {unknown[0]!r:.40} is not one gpugov writes "
-            f"(known: {', '.join(sorted(HEADER_FIELDS))})"
+            f"(known: {', '.join(sorted(HEADER_FIELDS))}){newer}"
         )
     period, domains = recorded_domains(where, header)
     for key in ("gpugov_version", "engine_view", "trace", "profile"):
@@ -784,5 +792,27 @@ def read_recording(
             raise RecordingError(f"{source}:{number}: not JSON: {error.msg}") from error
     header = rows[0]
     if not isinstance(header, dict) or header.get("format") != RECORD_FORMAT:
+        written_by = header.get("gpugov_version") if isinstance(header, dict) else None
+        later = isinstance(header, dict) and re.fullmatch(
+            r"gpugov-record-v[0-9]{1,6}", str(header.get("format"))
+        )
+        if later and isinstance(written_by, str) and _newer_version(written_by):
+            raise RecordingError(
+                f"{source}:1: format {header['format']!r}, written by gpugov "
+                f"{printable(written_by[:40])}; this gpugov {__version__} reads {RECORD_FORMAT}: "
+                f"read it with gpugov {printable(written_by[:40])} or later"
+            )
         raise RecordingError(f"{source}:1: not a {RECORD_FORMAT} header")
     return header, rows[1:]
+
+
+def _newer_version(version: str) -> bool:
+    """Whether ``version`` (``X.Y.Z``, a recording's ``gpugov_version``) is later than
+    this gpugov's: what it wrote this one may not read. Not a version: False."""
+
+    def numbers(text: str) -> tuple[int, ...] | None:
+        found = re.match(r"([0-9]{1,6}(?:\.[0-9]{1,6}){0,3})(?![0-9])", text)
+        return tuple(int(part) for part in found.group(1).split(".")) if found else None
+
+    theirs, ours = numbers(version), numbers(__version__)
+    return theirs is not None and ours is not None and theirs > ours
