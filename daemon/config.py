@@ -579,6 +579,35 @@ class GpugovConfig(FrozenModel):
         return self
 
     @model_validator(mode="after")
+    def _engines_are_not_the_exporter(self) -> GpugovConfig:
+        """An engine URL that is this daemon's own ``/metrics`` page (a copied address):
+        ``check-config`` said OK, and every scrape found no engine gauges, so the domain
+        sat at its fail-safe under a "wrong engine kind" warning."""
+        address = self.daemon.metrics_address
+        if not address:
+            return self
+        from gpugov.daemon.cli_types import is_loopback
+
+        host, port = parse_address(address)
+        for index, domain in enumerate(self.domains):
+            parts = urllib.parse.urlsplit(domain.engine.url)
+            engine_port = parts.port or (443 if parts.scheme == "https" else 80)
+            engine_host = (parts.hostname or "").lower()
+            # The exporter's own address, "localhost" for a loopback one, or loopback for
+            # one that listens on every address (another host's is not known to be this).
+            same_host = engine_host == host.lower() or (
+                is_loopback(engine_host)
+                and (host in ("0.0.0.0", "::") or "localhost" in (engine_host, host.lower()))
+            )
+            if engine_port == port and same_host:
+                raise ValueError(
+                    f"domains[{index}].engine.url ({domain.engine.url}) is this daemon's own "
+                    f"metrics endpoint (daemon.metrics_address = {address}); give the "
+                    "serving engine's /metrics URL"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _emulated_gpus_are_indices(self) -> GpugovConfig:
         """The emulator's GPUs answer to their index only: a UUID passed ``check-config
         --offline`` and stopped ``run`` at its start."""

@@ -568,6 +568,36 @@ def test_a_missing_or_mistyped_controller_kind_is_named_in_the_files_words(
     assert "max, mpc, mpc-online" in str(info.value) and "tag" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        ("127.0.0.1:9400", "http://127.0.0.1:9400/metrics"),
+        ("127.0.0.1:9400", "http://localhost:9400/metrics"),
+        ("0.0.0.0:9401", "http://127.0.0.1:9401/metrics"),
+        ("[::1]:80", "http://[::1]/metrics"),
+    ],
+)
+def test_an_engine_url_that_is_the_daemons_own_metrics_is_refused(address: str, url: str) -> None:
+    """A copied address: check-config said OK, and the domain sat at its fail-safe, every
+    scrape of its own exporter finding no engine gauges ("wrong engine kind")."""
+    data = {"daemon": {"metrics_address": address}, **_domain(engine={"url": url})}
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    assert str(info.value) == (
+        f"gpugov.toml: (top level): domains[0].engine.url ({url}) is this daemon's own metrics "
+        f"endpoint (daemon.metrics_address = {address}); give the serving engine's /metrics URL"
+    )
+    for mine, other in (
+        ("127.0.0.1:9400", "http://127.0.0.1:8000/metrics"),
+        ("127.0.0.1:9400", "http://10.0.0.6:9400/metrics"),
+        ("0.0.0.0:9400", "http://10.0.0.6:9400/metrics"),  # maybe another host's
+        ("[::1]:9400", "http://127.0.0.1:9400/metrics"),  # another address family's socket
+    ):
+        data = {"daemon": {"metrics_address": mine}, **_domain(engine={"url": other})}
+        assert parse_config(data).domains[0].engine.url == other
+    assert parse_config({"daemon": {"metrics_address": ""}, **_domain(engine={"url": url})})
+
+
 def test_an_unset_period_follows_the_controllers() -> None:
     """Unset, ``daemon.period_s`` is mpc-online's 0.25 s when every domain runs it (the
     scrape deadline following), 1 s beside any other controller; a set one is kept."""
