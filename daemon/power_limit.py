@@ -329,9 +329,14 @@ class PowerLimitActuator:
                     written += 1
                 continue
             held = self.held_w[label]
-            if held is not None and abs(value - held) < 1e-3 and self.ledger.asked_w[label] == held:
-                continue
+            unchanged = (
+                held is not None and abs(value - held) < 1e-3 and self.ledger.asked_w[label] == held
+            )
+            # Read back before a write, and while the share holds (a static cap): a limit
+            # someone else set since, above or below gpugov's, is taken at the next tick.
             outside = None if label not in self.ledger.touched else self._outside_change(backend)
+            if unchanged and outside is None:
+                continue
             if outside is not None:
                 # Someone else set this GPU's limit since gpugov's write: it is the new
                 # ceiling (never raised), and what is restored at exit or after a crash.

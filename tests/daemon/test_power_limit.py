@@ -258,6 +258,22 @@ def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
     assert _limits_mw(fake_nvml) == [450_000, 350_000]  # the outside limits stand
 
 
+def test_a_limit_someone_raises_under_an_unchanged_cap_is_capped_again(
+    fake_nvml: FakeNvml,
+) -> None:
+    """A static cap (the same request every tick) and an operator who raises a GPU's
+    limit over gpugov's (``nvidia-smi -pl 700``): their limit is the new ceiling, and the
+    cap is applied under it again at the next tick. Only a changed request read the GPU
+    again, so a static cap was lost for good."""
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(600.0)
+    fake_nvml.gpus[0].power_limit_mw = 650_000
+    actuator.apply(600.0)
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    assert actuator.restore() == []
+    assert _limits_mw(fake_nvml) == [650_000, 700_000]  # theirs, restored
+
+
 def test_a_request_outside_the_constraints_is_clamped_and_said_once(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
