@@ -52,6 +52,9 @@ class StreamTiming:
     (the status and the error body's ``type``), ``HTTP 502``, ``ConnectionRefusedError``,
     ``stream ended early``; never a request's own numbers or ids, which its ``error``
     message may hold."""
+    finish_reason: str | None = None
+    """The stream's last ``finish_reason`` (``length``, ``stop``, ``abort``); None where
+    it sent none: why a stream ended short of ``max_tokens``."""
     usage: dict[str, Any] | None = None
     """The stream's ``usage`` object when the server sent one (``stream_options``
     ``include_usage``; ``gpugov emulate`` adds the request's true energy to it)."""
@@ -422,6 +425,10 @@ def stream_completion(
             choices = event.get("choices") or []
             if choices and isinstance(choices[0], dict) and choices[0].get("text"):
                 timing.token_s.append(now)
+            if choices and isinstance(choices[0], dict):
+                reason = choices[0].get("finish_reason")
+                if isinstance(reason, str):
+                    timing.finish_reason = reason[:40]
         if not finished:  # the server went away: the request did not complete
             timing.error = "the stream ended without [DONE] (connection closed early)"
             timing.error_kind = "stream ended early"

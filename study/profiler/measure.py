@@ -333,10 +333,10 @@ class Measurer:
         bodies = [self._body(prompt_tokens, output_tokens) for _ in range(batch)]
         timings = _concurrent(self.url, bodies, self.request_timeout_s, self.api_key, self.stop)
         if any(len(t.token_s) < output_tokens for t in timings):
-            short = min(len(t.token_s) for t in timings)
+            shortest = min(timings, key=lambda t: len(t.token_s))
             raise ProfileRunError(
-                f"engine at {self.url}: a decode request streamed {short} of {output_tokens} "
-                "tokens (is ignore_eos honoured?)"
+                f"engine at {self.url}: a decode request streamed {len(shortest.token_s)} of "
+                f"{output_tokens} tokens: {_why_short(shortest.finish_reason)}"
             )
         start = max(t.token_s[0] for t in timings)
         end = min(t.token_s[-1] for t in timings)
@@ -369,6 +369,17 @@ class Measurer:
             ),
             readings,
         )
+
+
+def _why_short(finish_reason: str | None) -> str:
+    """Why a stream ended before its ``max_tokens``, from its finish reason: an engine
+    that stopped or restarted mid-measurement is not one that ignores ``ignore_eos``."""
+    if finish_reason == "stop":
+        return "it stopped at an end-of-sequence token (is ignore_eos honoured?)"
+    if finish_reason == "length":
+        return "it reached the engine's length limit (max_model_len?)"
+    reason = "no finish reason" if finish_reason is None else f"finish reason {finish_reason!r}"
+    return f"the engine ended it ({reason}: did it stop or restart?)"
 
 
 def point_dict(point: DecodePoint | PrefillResult) -> dict:
