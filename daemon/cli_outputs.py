@@ -59,7 +59,8 @@ def check_output_file(
     if not target.strip():
         raise UsageError(f"{flag}: empty file name")
     check_not_an_input(flag, target, inputs)
-    if os.path.isdir(target):
+    if os.path.isdir(target) or target.endswith(os.sep):
+        # "out.json/" (no such folder yet) was written as the file out.json.
         raise UsageError(f"{flag} {target}: is a directory; give a file name")
     if os.path.exists(target) and not os.path.isfile(target):
         raise UsageError(f"{flag} {target}: not a regular file (a device or a FIFO?)")

@@ -118,6 +118,18 @@ def test_bad_input_is_one_line(
 
 
 @pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_an_output_file_named_as_a_folder_is_refused(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--out out.json/` (a folder's name, no such folder yet) was written as the file
+    out.json."""
+    target = f"{tmp_path / ('out.json' if flag == '--out' else 'out.png')}/"
+    assert main(["simulate", flag, target, "--duration", "5"]) == 2
+    assert _one_error_line(capsys).endswith(f"{flag} {target}: is a directory; give a file name")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
 def test_unwritable_simulate_outputs_are_refused_before_the_work(
     flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
