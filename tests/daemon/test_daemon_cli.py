@@ -403,6 +403,21 @@ def test_status_refuses_an_engine_url_with_credentials(
     assert "s3cret" not in err and err.count("\n") == 1
 
 
+def test_status_on_a_node_whose_driver_lists_no_gpu_says_so_and_exits_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVML answers but lists no GPU (a container that sees none, every GPU off the bus):
+    status said only "may lock clocks: yes" and exited 0, as if the node were ready."""
+    node_commands_on(monkeypatch, FakeNvml(0))
+    assert node_cli.main(["status"]) == 4
+    captured = capsys.readouterr()
+    assert "GPUs: unavailable: NVML lists no GPU on this node" in captured.out
+    (line,) = captured.err.splitlines()
+    assert line == "gpugov: error: GPUs unavailable: NVML lists no GPU on this node"
+    assert node_cli.main(["status", "--json"]) == 4
+    assert json.loads(capsys.readouterr().out)["gpu_error"] == "NVML lists no GPU on this node"
+
+
 def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -495,7 +495,26 @@ def test_status_says_whether_the_actuator_takes_this_users_locks(
     from gpugov.daemon import node_cli
 
     monkeypatch.setattr(status_cli, "may_lock_clocks", lambda: False)
-    monkeypatch.setattr(status_cli, "gpu_status", lambda *args, **kwargs: [])
+
+    def one_gpu(*args: Any, rows: list[dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+        rows.append(
+            {
+                "index": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-fake-0000",
+                "supported_clock_range_mhz": [345, 1980],
+                "supported_clock_count": 110,
+                "sm_clock_mhz": 1980.0,
+                "power_w": 80.0,
+                "temperature_c": 40.0,
+                "utilization": 0.0,
+                "power_limit_w": 700.0,
+                "clock_event_reasons": 0,
+            }
+        )
+        return rows
+
+    monkeypatch.setattr(status_cli, "gpu_status", one_gpu)  # a node with one GPU
     config = tmp_path / "g.toml"
     config.write_text(
         f'[daemon]\nperiod_s = 0.5\nbackend = "actuator"\n'
