@@ -331,17 +331,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in problems:
             fail(problem)
         return exit_code(problems[0]) or EXIT_FAILURE
-    for line in [
-        *slo_warnings(config),
-        *period_warnings(config),
-        *unkept_model_warnings(config),
-        *report.warnings,
-    ]:
+    for line in [*slo_warnings(config), *period_warnings(config), *report.warnings]:
         warn(line)
     print(printable(f"{args.file}: OK"))
     print(describe_config(config))
     for line in report.lines:
         print(printable(f"  {line}"))  # a GPU's NVML name, a file's path
+    # A note, not a warning: the state directory may be the unit's (StateDirectory=),
+    # which this shell does not see; run warns where it really has none.
+    for line in unkept_model_warnings(config):
+        print(printable(f"  note: {line} (a systemd unit's StateDirectory= sets it)"))
     # The emulated GPUs need no privilege; the actuator and zeusd hold it for the governor.
     writes_itself = config.daemon.backend in ("nvml", "nvidia-smi")
     locks = not args.offline and writes_itself and not config.daemon.dry_run

@@ -488,16 +488,21 @@ def test_mpc_online_with_no_state_directory_is_told_its_model_is_not_kept(
 ) -> None:
     """With no daemon.state_dir, no $STATE_DIRECTORY and no controller.state_dir, run kept
     the learned model nowhere and said nothing: each restart learned anew in silence. One
-    warning line now, from check-config and from run at its start; none for a domain that
-    keeps its model in its own state_dir, nor for a dry run (it writes nothing anyway)."""
+    warning line now from run at its start, and a note in check-config's report (the
+    unit's StateDirectory= may set it where check-config runs without it); none for a
+    domain that keeps its model in its own state_dir, nor for a dry run (it writes nothing
+    anyway)."""
     online = '[domains.controller]\nkind = "mpc-online"\n'
     path = _write(tmp_path, daemon="period_s = 0.25", tables=online)
     assert node_cli.main(["check-config", str(path)]) == 0
-    (warning,) = capsys.readouterr().err.splitlines()
-    assert warning == (
-        "gpugov: warning: domain 'llm' runs mpc-online with no state directory (no "
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    (note,) = [line for line in captured.out.splitlines() if "note:" in line]
+    assert note == (
+        "  note: domain 'llm' runs mpc-online with no state directory (no "
         "daemon.state_dir, controller.state_dir or $STATE_DIRECTORY): its learned model is "
-        "kept nowhere, so each start learns anew; set daemon.state_dir"
+        "kept nowhere, so each start learns anew; set daemon.state_dir (a systemd unit's "
+        "StateDirectory= sets it)"
     )
     with caplog.at_level("WARNING", logger="gpugov"), pytest.raises(LoopStarted):
         node_cli.main(["run", "--config", str(path)])
@@ -508,7 +513,8 @@ def test_mpc_online_with_no_state_directory_is_told_its_model_is_not_kept(
     own = online + f'state_dir = "{tmp_path}/models"\n'
     path = _write(tmp_path, daemon="period_s = 0.25", tables=own)
     assert node_cli.main(["check-config", str(path)]) == 0
-    assert capsys.readouterr().err == ""
+    captured = capsys.readouterr()
+    assert captured.err == "" and "note:" not in captured.out
 
 
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
