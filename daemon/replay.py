@@ -80,17 +80,21 @@ class ReplayReport:
         """Ticks whose requests differ by at least 1 MHz."""
         return len(self.differences)
 
-    def ranges(self) -> list[tuple[float, float, int]]:
-        """Runs of consecutive differing steps as ``(first time, last time, ticks)``."""
-        runs: list[tuple[float, float, int]] = []
-        previous_step = None
+    def ranges(self) -> list[tuple[str, float, float, int]]:
+        """Runs of consecutive differing steps of one domain as ``(domain, first time,
+        last time, ticks)``, in the order they start: a node's recording interleaves its
+        domains' ticks, so a run is a domain's own."""
+        runs: list[tuple[str, float, float, int]] = []
+        last: dict[str, tuple[int, int]] = {}  # domain -> (its run's index, its last step)
         for diff in self.differences:
-            if runs and previous_step is not None and diff.step == previous_step + 1:
-                start, _, count = runs[-1]
-                runs[-1] = (start, diff.time_s, count + 1)
+            found = last.get(diff.domain)
+            if found is not None and diff.step == found[1] + 1:
+                domain, start, _, count = runs[found[0]]
+                runs[found[0]] = (domain, start, diff.time_s, count + 1)
+                last[diff.domain] = (found[0], diff.step)
             else:
-                runs.append((diff.time_s, diff.time_s, 1))
-            previous_step = diff.step
+                runs.append((diff.domain, diff.time_s, diff.time_s, 1))
+                last[diff.domain] = (len(runs) - 1, diff.step)
         return runs
 
     def format(self, show: int = 10) -> str:
@@ -121,8 +125,8 @@ class ReplayReport:
             lines.append(f"  differing stretches ({len(runs)})")
         elif runs:
             lines.append(f"  differing stretches ({len(runs)}; first {min(show, len(runs))}):")
-            for start, end, count in runs[:show]:
-                lines.append(f"    t = {start:9.1f} .. {end:9.1f} s  ({count} ticks)")
+            for domain, start, end, count in runs[:show]:
+                lines.append(f"    {domain} t = {start:9.1f} .. {end:9.1f} s  ({count} ticks)")
         if self.differences and show > 0:
             lines.append(
                 f"  first {min(show, self.differing)} differences (t, recorded -> replayed):"

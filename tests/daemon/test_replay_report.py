@@ -30,3 +30,22 @@ def test_show_zero_lists_no_headings() -> None:
     shown = report.format(show=1)
     assert "differing stretches (1; first 1):" in shown
     assert "sim t =       0.5 s      495 ->    1980 MHz" in shown
+
+
+def test_stretches_are_counted_per_domain() -> None:
+    """A node's recording interleaves its domains' ticks (step s of each, then step s+1):
+    a stretch was cut at every other domain's difference, and named no domain."""
+    report = ReplayReport("mpc-online", "max", compared=8)
+    for step in (1, 2, 3):
+        for domain in ("prefill", "decode"):
+            report.differences.append(Difference(domain, step, step * 0.5, 495.0, 1980.0))
+    report.differences.append(Difference("decode", 7, 3.5, 495.0, 1980.0))
+    assert report.ranges() == [
+        ("prefill", 0.5, 1.5, 3),
+        ("decode", 0.5, 1.5, 3),
+        ("decode", 3.5, 3.5, 1),
+    ]
+    text = report.format(show=10)
+    assert "differing stretches (3; first 3):" in text
+    assert "    prefill t =       0.5 ..       1.5 s  (3 ticks)" in text
+    assert "    decode t =       3.5 ..       3.5 s  (1 ticks)" in text
