@@ -170,6 +170,13 @@ NVIDIA_SMI_LIST_TIMEOUT_S = 30.0
 """nvidia-smi's timeout for listing the GPUs when the caller gives none."""
 
 
+def gpu_lister(kind: str) -> str:
+    """Who lists backend ``kind``'s GPUs (:func:`gpu_indices`), for a line on a node where
+    it lists none: the emulator, nvidia-smi, else NVML (the split backends read through
+    it)."""
+    return {"emulated": "the emulator", "nvidia-smi": "nvidia-smi"}.get(kind, "NVML")
+
+
 def gpu_indices(
     kind: str, emulator: str | None, nvml: Any = None, timeout_s: float | None = None
 ) -> list[int]:

@@ -31,7 +31,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     printable,
 )
-from gpugov.daemon.node_support import backend_choice, gpu_indices, guarded
+from gpugov.daemon.node_support import backend_choice, gpu_indices, gpu_lister, guarded
 from gpugov.daemon.nvidia_smi import run_command
 from gpugov.daemon.service import open_backend
 from gpugov.plant.input_files import finite_number
@@ -376,7 +376,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
     Exit 0 when every GPU was reset, 3 when permission was denied, 6 when any GPU could
     not be reset (each is named with its error; ``nvidia-smi --reset-gpu-clocks`` that
     fails or hangs, every GPU; a listing that hangs, NVML's or a stopped emulator's), 4
-    when no GPU could be listed at all (no driver, no emulator running) or a --gpus index
+    when no GPU could be listed at all (no driver, no emulator running, a backend that
+    lists none) or a --gpus index
     names one the node does not have, 2 when all were reset but the lock record is a newer
     gpugov's (named, and left as it is: neither cleared nor its power limits restored).
     """
@@ -400,6 +401,8 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
         )
     budget = _ResetBudget()  # every GPU call of the command: a preStop hook always ends
     gpus: list[int | str] = list(_listed(kind, emulator, budget)) if chosen is None else chosen
+    if not gpus:  # read as every GPU reset (exit 0, no line)
+        raise GpuUnavailable(f"{gpu_lister(kind)} lists no GPU on this node; nothing was reset")
     if chosen is not None:  # every backend; the split ones (actuator, zeusd) list by NVML
         _require_present(chosen, kind, emulator, budget)
     from gpugov.daemon.files import resolve_state_dir

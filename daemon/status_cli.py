@@ -30,6 +30,7 @@ from gpugov.daemon.node_support import (
     bounded_gpu_call,
     gpu_calls,
     gpu_indices,
+    gpu_lister,
     guarded,
     write_path_status,
 )
@@ -41,9 +42,6 @@ T = TypeVar("T")
 CAP_SYS_ADMIN = 21
 SPLIT_BACKENDS = ("actuator", "zeusd")
 """Backends whose clock writes go through another process (docs/actuator.md)."""
-_LISTER = {"emulated": "the emulator", "nvidia-smi": "nvidia-smi"}
-"""Who lists a backend's GPUs where NVML does not (the split backends read through NVML),
-for the line of a node where it lists none."""
 
 
 def may_lock_clocks(status_path: str | Path = "/proc/self/status") -> bool:
@@ -289,7 +287,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["gpu_error"] = str(error)
     if not report["gpus"] and "gpu_error" not in report:
         # A driver (or emulator) that answers with no GPU: read as a node ready to govern.
-        report["gpu_error"] = f"{_LISTER.get(kind, 'NVML')} lists no GPU on this node"
+        report["gpu_error"] = f"{gpu_lister(kind)} lists no GPU on this node"
     if "gpu_error" in report:
         code = ExitCode.NO_GPU
         if emulated:

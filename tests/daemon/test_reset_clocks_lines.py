@@ -156,3 +156,17 @@ def test_a_damaged_lock_record_is_one_warning_however_many_gpus_are_reset(
             assert node_cli.main(["reset-clocks"]) == 0
         said = [r.getMessage() for r in caplog.records if needle in r.getMessage()]
         assert len(said) == 1, said
+
+
+def test_reset_on_a_node_whose_driver_lists_no_gpu_says_so_and_exits_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVML answers but lists no GPU: reset-clocks printed nothing and exited 0, as if
+    every GPU had been reset; it is exit 4 (no GPU could be listed), in one line."""
+    node_commands_on(monkeypatch, FakeNvml(0))
+    assert node_cli.main(["reset-clocks"]) == 4
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "gpugov: error: NVML lists no GPU on this node; nothing was reset"
+    ]
