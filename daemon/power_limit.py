@@ -196,6 +196,8 @@ class PowerLimitActuator:
         }
         self.bounds = PowerLimitBounds(domain, self._writers)
         """The cap's request, each GPU's constraints and the clamp into them."""
+        self._out_of_range: set[str] = set()
+        """GPUs whose original limit was outside their constraints (said once each)."""
 
     @property
     def applied_w(self) -> float | None:
@@ -524,6 +526,7 @@ class PowerLimitActuator:
         if original is None:
             self.ledger.forget(backend)
             return "left"
+        original = self._restorable(backend, original)
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
                 now: float | None = float(writer.call(backend.power_limit_w, "read", wait_s=wait()))
@@ -748,10 +751,11 @@ class PowerLimitActuator:
             now = None
             log.debug("GPU %s: power limit not read for reconcile: %s", label, error)
         now = self._plausible(backend, now, "reconcile")
+        recorded, original = original, self._restorable(backend, original)
         found = (
             f"a previous gpugov run ({writer_pid_text(entry)}, {entry.get('time')}) set its power "
             f"limit to {'?' if left is None else f'{left:g}'} W (now "
-            f"{'unknown' if now is None else f'{now:g} W'}), {original:g} W before"
+            f"{'unknown' if now is None else f'{now:g} W'}), {recorded:g} W before"
         )
         if dry_run:
             line = f"GPU {label}: {found}; dry run: left as it is"
@@ -783,6 +787,33 @@ class PowerLimitActuator:
             line = f"GPU {label}: {found}; restored"
         log.warning("reconcile: %s", line)
         return line
+
+    def _restorable(self, backend: PowerLimitBackend, original: float) -> float:
+        """``original`` clamped into the limits ``backend`` accepts now: a limit recorded
+        before a driver or firmware change narrowed them is refused by NVML (invalid
+        argument), and every restore and start's reconcile failed for good, the GPU left
+        capped at gpugov's limit. Unchanged where the constraints cannot be read."""
+        try:
+            bounds = self.bounds.constraints(backend)
+        except GpuError:  # a lost GPU: the write says so
+            return original
+        if bounds is None:
+            return original
+        low, high = bounds
+        kept = min(max(original, low), high)
+        if abs(kept - original) > SAME_LIMIT_W and backend.label not in self._out_of_range:
+            self._out_of_range.add(backend.label)
+            log.warning(
+                "domain %s: GPU %s: its original power limit %g W is outside the %g-%g W it "
+                "accepts now; restored to %g W",
+                self.domain,
+                backend.label,
+                original,
+                low,
+                high,
+                kept,
+            )
+        return kept
 
     def _left_to_the_exit(self, label: str, original: float, held: float | None) -> None:
         """Leave GPU ``label``'s restore to ``original`` to the exit (:meth:`restore`), as

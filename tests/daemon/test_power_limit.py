@@ -757,3 +757,24 @@ def test_power_limit_bounds_no_gpu_has_are_unknown_not_a_reason_to_drop(
     lines = [r.getMessage() for r in caplog.records if "power limit bounds" in r.getMessage()]
     assert sorted(line.split(":")[0] for line in lines) == ["GPU 0", "GPU 1"]  # one a GPU
     assert all("taken as unknown" in line for line in lines)
+
+
+def test_an_original_the_gpu_no_longer_accepts_is_restored_within_its_limits(
+    fake_nvml: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run capped GPU 0 and died; a driver update since lowered the highest limit the
+    GPU accepts below the recorded original. The restore to the original was refused
+    (invalid argument) at every start and exit, the GPU left capped at gpugov's limit;
+    it is now restored to the highest limit it accepts, said once."""
+    PowerLimitActuator(
+        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+    ).apply(600.0)
+    assert _limits_mw(fake_nvml) == [300_000, 300_000]
+    fake_nvml.gpus[0].power_limit_max_mw = 650_000  # the original 700 W is refused now
+    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    with caplog.at_level(logging.WARNING):
+        lines = restarted.reconcile()
+    assert _limits_mw(fake_nvml) == [650_000, 700_000]
+    assert [line.split(";")[-1].strip() for line in lines] == ["restored", "restored"]
+    assert "700 W is outside the 200-650 W it accepts now; restored to 650 W" in caplog.text
+    assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
