@@ -297,11 +297,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
         _check_emulator_speed(engine_base, "--engine-url", api_key)
     _check_one_emulated_engine(engine_base, gpus, api_key)
     backends = []
+    named: dict[str, str] = {}  # UUID -> how --gpus named it first
     try:
         for gpu in gpus:
             backends.append(
                 open_backend(gpu, args.backend, dry_run=args.dry_run, emulator=emulator)
             )
+            # One GPU as an index and as its UUID was swept as a group of two (the
+            # manifest's tensor_parallel and power limit doubled).
+            uuid = str(getattr(backends[-1], "uuid", None) or "")
+            if uuid and uuid in named:
+                for backend in backends:
+                    backend.close()
+                raise UsageError(
+                    f"--gpus: GPU {gpu} is GPU {named[uuid]}, named twice; nothing was changed"
+                )
+            if uuid:
+                named[uuid] = str(gpu)
     except GpuError as error:
         # A GPU lost, refusing permission or failing as it is opened: one line (a lost
         # one was a traceback), and the GPUs opened before it are closed again.
