@@ -285,7 +285,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model = served_model(args.engine_url, api_key=api_key)
     except EngineUnreachable as error:
         raise UsageError(f"--engine-url: {error}; nothing was changed") from error
-    max_len = served_max_model_len(args.engine_url, model, api_key=api_key) or 8192
+    served_len = served_max_model_len(args.engine_url, model, api_key=api_key)
+    if served_len is not None and args.reference_context > served_len:
+        # Its decode points were cut to the model's length and the reference's rate was
+        # the latency fit extrapolated to sequences the engine cannot serve.
+        raise UsageError(
+            f"--reference-context {args.reference_context}: longer than the engine's "
+            f"max_model_len ({served_len} tokens), a sequence it cannot serve; give at most "
+            f"{served_len}; nothing was changed"
+        )
+    max_len = served_len or 8192
     emulator = args.emulator or args.engine_url.rstrip("/").removesuffix("/v1")
     out_dir = Path(args.out)
     if args.backend == "emulated":
