@@ -418,6 +418,10 @@ def export(
         "csv": csv_path.name,
         **({"gpu": board} if board is not None else {}),
         "gpu_uuids": list(key["gpu_uuids"]),
+        # The domain's GPUs, as gpugov profile writes them: the rates are the domain's and
+        # the powers their sum (read as 1, gpugov emulate --gpus 2 made two replicas each
+        # drawing the whole domain's power).
+        "tensor_parallel": max(1, len(key["gpu_uuids"])),
         "model": key.get("model_name") or "unknown model",
         "ttft_slo_s": float(ttft),
         "tpot_slo_s": float(tpot),

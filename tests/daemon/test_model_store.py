@@ -2154,3 +2154,16 @@ def test_two_domains_whose_names_were_swapped_each_take_over_their_gpus_model(
         assert any("took over" in m for m in wrapper.messages), wrapper.messages
     assert read_stored(model_path(tmp_path, "pool"))["key"]["gpu_uuids"] == list(GPUS)
     assert read_stored(model_path(tmp_path, "llm"))["key"]["gpu_uuids"] == list(others)
+
+
+@pytest.mark.parametrize("gpus", [GPUS, GPUS[:1]], ids=["two GPUs", "one GPU"])
+def test_the_exported_profile_describes_the_domains_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpus: tuple[str, ...]
+) -> None:
+    """The model's rates are its domain's and its powers their sum: a domain of two GPUs
+    exported no ``tensor_parallel`` (read as 1), so ``gpugov emulate --gpus 2`` made two
+    replicas each drawing the whole domain's power, as ``gpugov profile`` never writes."""
+    _learn(tmp_path, gpus=gpus, gpu_names=(H100,) * len(gpus))
+    manifest, _ = _export(tmp_path, capsys)
+    assert manifest["tensor_parallel"] == len(gpus)
+    assert load_profile(tmp_path / "export" / "online-llm.json").tensor_parallel == len(gpus)
