@@ -334,11 +334,11 @@ def test_a_clock_list_of_one_clock_is_refused_before_the_engine_is_asked(
 def test_a_reference_batch_beyond_the_kv_cache_is_refused_before_any_work(
     synthetic_emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--reference-context 200000`` made decode points of 16 sequences of ~131k tokens,
+    """``--reference-context 100000`` made decode points of 16 sequences of 100k tokens,
     more than the KV cache holds: they never decoded together, and the run (a dry run
     too) failed after about six minutes of retries with exit 1. Now one line, exit 2."""
     out = tmp_path / "new"
-    assert _profile(synthetic_emulator.url, out, "--reference-context", "200000") == 2
+    assert _profile(synthetic_emulator.url, out, "--reference-context", "100000") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--reference-context" in err[0] and "KV cache" in err[0], err
     assert not out.exists()
