@@ -84,6 +84,10 @@ class RunSeries:
     tpot_points: tuple[Sequence[float], Sequence[float]] = ((), ())
     ttft_slo_s: float | None = None
     tpot_slo_s: float | None = None
+    ttft_slo_points: Sequence[float] = ()
+    """Each TTFT point's own SLO (the flat SLO plus the allowance for its prompt); empty:
+    ``ttft_slo_s`` for every point."""
+    ttft_slo_per_prompt_token_s: float | None = None
     power_limit_w: float | None = None
     thermal_limit_c: float | None = None
     latency_kind: str = "per request"
@@ -95,15 +99,19 @@ class RunSeries:
 def series_from_result(result: Any) -> RunSeries:
     """A :class:`~gpugov.plant.ServingResult` as plot series (per-request latencies)."""
     ttft_t, ttft_v, tpot_t, tpot_v = [], [], [], []
+    metrics = result.metrics
+    ttft_slos = []
     for record in result.request_records:
         if record.ttft_s is not None:
             ttft_t.append(record.first_token_time_s)
             ttft_v.append(record.ttft_s)
+            ttft_slos.append(
+                metrics.ttft_slo_s + metrics.ttft_slo_per_prompt_token_s * record.prompt_tokens
+            )
         if record.tpot_s is not None:
             tpot_t.append(record.finish_time_s)
             tpot_v.append(record.tpot_s)
     plant = result.metadata.get("plant", {})
-    metrics = result.metrics
     return RunSeries(
         time_s=result.time_s,
         requested_clock_mhz=result.requested_clock_mhz,
@@ -116,6 +124,8 @@ def series_from_result(result: Any) -> RunSeries:
         tpot_points=(tpot_t, tpot_v),
         ttft_slo_s=metrics.ttft_slo_s,
         tpot_slo_s=metrics.tpot_slo_s,
+        ttft_slo_points=ttft_slos,
+        ttft_slo_per_prompt_token_s=metrics.ttft_slo_per_prompt_token_s,
         power_limit_w=plant.get("power_limit_w"),
         thermal_limit_c=plant.get("thermal_limit_c"),
     )
@@ -146,6 +156,9 @@ def series_from_recording(
         values = [value for o in obs if (value := o.get(key)) is not None]
         return float(values[-1]) if values else None
 
+    # Each window's TTFT against the SLO at its mean prompt, as the daemon judges it
+    # (ServingObservation.ttft_recent_slo_s; NaN: no SLO recorded, the flat one is used).
+    ttft_slos = [_window_ttft_slo_s(o) for o in obs if o.get("ttft_recent_s") is not None]
     return RunSeries(
         time_s=times,
         requested_clock_mhz=[r.get("requested_mhz") for r in mine],
@@ -158,12 +171,27 @@ def series_from_recording(
         tpot_points=points("tpot_recent_s"),
         ttft_slo_s=last("ttft_slo_s"),
         tpot_slo_s=last("tpot_slo_s"),
+        ttft_slo_points=ttft_slos,
+        ttft_slo_per_prompt_token_s=last("ttft_slo_per_prompt_token_s"),
         power_limit_w=last("power_limit_w"),
         thermal_limit_c=last("thermal_limit_c"),
         latency_kind="windowed per tick",
         failsafe_s=[t for t, r in zip(times, mine, strict=True) if r.get("failsafe")],
         power_cap_w=[r.get("power_cap_w") for r in mine],
     )
+
+
+def _window_ttft_slo_s(observation: Mapping[str, Any]) -> float:
+    """The TTFT SLO of a recorded window's TTFT: the flat SLO plus the allowance for the
+    window's mean prompt where both are recorded (NaN without a flat SLO)."""
+    flat = observation.get("ttft_slo_s")
+    if flat is None:
+        return math.nan
+    allowance = observation.get("ttft_slo_per_prompt_token_s")
+    prompt = observation.get("ttft_recent_prompt_tokens")
+    if allowance is None or prompt is None:
+        return float(flat)
+    return float(flat) + float(allowance) * max(0.0, float(prompt))
 
 
 def _clean(values: Sequence[float | None]) -> list[float]:
@@ -260,18 +288,43 @@ def run_plot_bytes(series: RunSeries, path: str | Path, title: str) -> bytes:
     return data
 
 
-def _latency_panel(axis: Any, series: RunSeries) -> None:
-    """TTFT and TPOT over their SLOs on one log axis; the SLO is the line at 1."""
-    shown = False
-    for (times, values), slo, name, colour in (
-        (series.ttft_points, series.ttft_slo_s, "TTFT", "tab:green"),
-        (series.tpot_points, series.tpot_slo_s, "TPOT", "tab:purple"),
+def latency_over_slo(series: RunSeries) -> dict[str, tuple[list[float], list[float]]]:
+    """Each TTFT and TPOT point over its SLO, by name (``TTFT``, ``TPOT``) as ``(times,
+    ratios)``: a TTFT over its own prompt's SLO where the series has one per point (the
+    TTFT SLO grows with the prompt), else over the flat one; a kind without an SLO or a
+    point is left out."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    for (times, values), slo, slos, name in (
+        (series.ttft_points, series.ttft_slo_s, series.ttft_slo_points, "TTFT"),
+        (series.tpot_points, series.tpot_slo_s, (), "TPOT"),
     ):
         if not slo or not len(times):
             continue
-        ratio = [max(float(v) / slo, 1e-3) for v in values]
-        unit = f"{slo:g} s" if name == "TTFT" else f"{slo * 1000:g} ms"
-        axis.scatter(times, ratio, s=3, alpha=0.5, color=colour, label=f"{name} / SLO ({unit})")
+        own = list(slos) if len(slos) == len(values) else [slo] * len(values)
+        pairs = [
+            (float(t), float(v) / (s if s > 0 else slo))  # NaN (no SLO known): the flat one
+            for t, v, s in zip(times, values, own, strict=True)
+        ]
+        out[name] = ([t for t, _ in pairs], [r for _, r in pairs])
+    return out
+
+
+def _latency_panel(axis: Any, series: RunSeries) -> None:
+    """TTFT and TPOT over their SLOs on one log axis; the SLO is the line at 1."""
+    shown = False
+    colours = {"TTFT": "tab:green", "TPOT": "tab:purple"}
+    for name, (times, ratios) in latency_over_slo(series).items():
+        if name == "TTFT":
+            allowance = series.ttft_slo_per_prompt_token_s or 0.0
+            unit = f"{series.ttft_slo_s:g} s" + (
+                f" + {allowance * 1e6:g} us/prompt token" if allowance > 0 else ""
+            )
+        else:
+            unit = f"{(series.tpot_slo_s or 0.0) * 1000:g} ms"
+        ratio = [max(r, 1e-3) for r in ratios]
+        axis.scatter(
+            times, ratio, s=3, alpha=0.5, color=colours[name], label=f"{name} / SLO ({unit})"
+        )
         shown = True
     axis.axhline(1.0, ls="--", color="k", lw=0.8, label="SLO")
     if shown:
