@@ -544,6 +544,7 @@ class Sweep:
                         progress.update(measured[0], f"{where}: {name} measured", force=True)
 
                     record = self.measure_clock(measurer, sampler, clock_mhz, on_step=step)
+                    sampler.check()  # a GPU lost mid-clock is lost, not one with no readings
                     _check_readings(record)
                     if check_load is not None and not records:
                         check_load(record)
@@ -584,7 +585,9 @@ class Sweep:
         sampler.start()
         try:
             time.sleep(max(0.2, 2 * sampler.interval_s))
-            return self.measure_clock(measurer, sampler, None, on_step=step)
+            record = self.measure_clock(measurer, sampler, None, on_step=step)
+            sampler.check()  # a GPU lost while it was measured: lost, not a record
+            return record
         finally:
             sampler.stop()
             progress.close()
