@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -161,6 +162,32 @@ def period_warnings(config: GpugovConfig) -> list[str]:
         f"{period / ONLINE_PERIOD_S:.3g} times slower"
         for domain in config.domains
         if isinstance(domain.controller, OnlineMPCControllerConfig)
+    ]
+
+
+def _page_key(url: str) -> tuple[str, str, int | None, str]:
+    """``url`` as the page it names: scheme and host in lower case, the scheme's default
+    port filled in, an empty path read as ``/``."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port, parts.path or "/"
+
+
+def shared_engine_warnings(config: GpugovConfig) -> list[str]:
+    """One line per engine page two or more domains read (``engine.url``, the default
+    ``http://127.0.0.1:8000/metrics`` where left unset): each domain's controller then
+    sees the other's load as its own and raises its clock for it."""
+    readers: dict[tuple[str, str, int | None, str], tuple[str, list[str]]] = {}
+    for domain in config.domains:
+        url = domain.engine.url
+        readers.setdefault(_page_key(url), (url, []))[1].append(domain.name)
+    return [
+        f"domains {', '.join(repr(name) for name in names)} read the same engine page "
+        f"({url}): each governs its GPUs for the load of all of them; give each domain "
+        "its own engine's engine.url"
+        for url, names in readers.values()
+        if len(names) > 1
     ]
 
 

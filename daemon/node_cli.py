@@ -93,7 +93,12 @@ EXIT_FAILURE = ExitCode.FAILURE
 def _run_node(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
-    from gpugov.daemon.node_check import config_inputs, period_warnings, unkept_model_warnings
+    from gpugov.daemon.node_check import (
+        config_inputs,
+        period_warnings,
+        shared_engine_warnings,
+        unkept_model_warnings,
+    )
 
     environ_watchdog_s()  # a malformed $WATCHDOG_USEC is refused before any work
     config = load_config(args.config)
@@ -103,7 +108,7 @@ def _run_node(args: argparse.Namespace) -> int:
         config_inputs(config, args.config),
     )
     setup_logging(args.log_level or config.daemon.log_level)
-    for line in period_warnings(config):
+    for line in [*period_warnings(config), *shared_engine_warnings(config)]:
         log.warning("%s", line)
     notify = SystemdNotify()
     try:
@@ -308,6 +313,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from gpugov.daemon.node_check import (
         check_node,
         period_warnings,
+        shared_engine_warnings,
         slo_warnings,
         unkept_model_warnings,
     )
@@ -331,7 +337,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in problems:
             fail(problem)
         return exit_code(problems[0]) or EXIT_FAILURE
-    for line in [*slo_warnings(config), *period_warnings(config), *report.warnings]:
+    for line in [
+        *slo_warnings(config),
+        *period_warnings(config),
+        *shared_engine_warnings(config),
+        *report.warnings,
+    ]:
         warn(line)
     print(printable(f"{args.file}: OK"))
     print(describe_config(config))

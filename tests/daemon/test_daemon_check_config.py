@@ -517,6 +517,27 @@ def test_mpc_online_with_no_state_directory_is_told_its_model_is_not_kept(
     assert captured.err == "" and "note:" not in captured.out
 
 
+def test_two_domains_reading_one_engine_page_get_one_warning_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two domains whose engine.url name one page (the default's host spelled otherwise)
+    each governed their GPUs for the other's load too, and nothing said so."""
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        '[daemon]\nmetrics_address = ""\n'
+        f'[[domains]]\nname = "a"\ngpus = [0]\n{SLOS}'
+        '[domains.engine]\nurl = "http://LOCALHOST:80/metrics"\n'
+        f'[[domains]]\nname = "b"\ngpus = [1]\n{SLOS}'
+        '[domains.engine]\nurl = "http://localhost/metrics"\n'
+    )
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning.startswith("gpugov: warning: domains 'a', 'b' read the same engine page")
+    path.write_text(path.read_text().replace("localhost/metrics", "localhost:8001/metrics"))
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "emulated.toml"
     assert node_cli.main(["check-config", str(example), "--offline"]) == 0
