@@ -515,9 +515,13 @@ class ActuatorServer:
         self._owned_elsewhere(gpu, conn)
         # A lock equal to the one held is written again: another tool may have reset it
         # (nvidia-smi -rgc), and the governor asks again only when its readback says so.
+        # Within the rate limit it is the lock held, not a refusal (the governor counts a
+        # refusal as a failed write): its readback asks again after the window.
         now = self._clock()
         wait = gpu.last_lock_s + self.min_relock_s - now
         if wait > 0:
+            if gpu.holder is conn and gpu.held == (low, high):
+                return {"ok": True, "written": False}
             raise Refused("rate_limited", f"GPU {gpu.backend.label}: relocked too soon")
         gpu.last_lock_s = now
         gpu.holder = conn  # from here on a failure half way is reset with the lease

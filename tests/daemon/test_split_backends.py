@@ -295,6 +295,29 @@ def test_a_lock_someone_else_reset_is_locked_again_through_the_actuator(
         served.stop()
 
 
+def test_the_lock_held_asked_again_within_the_rate_limit_is_no_failed_write(
+    socket_path: Path,
+) -> None:
+    """A lock equal to the one held, asked again within ``--min-relock-s``, was refused as
+    rate-limited, which the governor counts as a failed write; it is the lock held."""
+    import os
+
+    nvml = FakeNvml(1)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    served.server.min_relock_s = 60.0  # the second ask falls within it
+    _client, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        gpu.lock_clocks(1410, 1410)
+        assert nvml.locked(0) == (1410, 1410)
+        assert [w for w in nvml.writes if w[0] == "nvmlDeviceSetGpuLockedClocks"] == [
+            ("nvmlDeviceSetGpuLockedClocks", 0, 1410, 1410)
+        ]
+    finally:
+        gpu.close()
+        served.stop()
+
+
 def test_a_governor_of_another_uid_is_refused(socket_path: Path) -> None:
     import os
 
