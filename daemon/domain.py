@@ -52,9 +52,9 @@ daemon stops (``daemon.max_controller_failures``)."""
 CONTROLLER_ERROR_LOG_EVERY_S = 60.0
 """After the first controller exception is logged, at most one reminder per this many
 seconds while the controller keeps failing."""
-STATUS_DEADLINE_S = 0.05
+STATUS_DEADLINE_S = 0.1
 """How long a tick waits for an outside controller's ``status()`` on a node (it only
-reports: past this, the last status it gave is shown)."""
+reports: past this, the last status it gave is shown; its answer is the next tick's)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,8 @@ class Domain:
         self.energy = EnergyEstimator()
         """Energy attribution per window and model (:mod:`daemon.energy`)."""
         self._energy_failed = False
-        self._status_failed = False
+        self._status_said: set[str] = set()
+        """The kinds of controller status trouble said (``hung``, ``failed``): once each."""
         self._status_reader: LatestReader[Any] | None = None
         """An outside controller's ``status()`` on a node, run on a worker thread and
         waited for :data:`STATUS_DEADLINE_S` (:meth:`model_status`)."""
@@ -513,11 +514,12 @@ class Domain:
                         value = layer.status()
                 except ReadTimeout:
                     self._status_warning(
-                        f"did not answer within {STATUS_DEADLINE_S:g} s (the last one kept)"
+                        "hung",
+                        f"did not answer within {STATUS_DEADLINE_S:g} s (the last one kept)",
                     )
                     return self._last_status
                 except Exception as error:  # an outside controller's: never cost a tick
-                    self._status_warning(f"failed: {error!r}")
+                    self._status_warning("failed", f"failed: {error!r}")
                     return None
                 self._last_status = value if isinstance(value, dict) else None
                 return self._last_status
@@ -533,10 +535,11 @@ class Domain:
             )
         return self._status_reader.read()
 
-    def _status_warning(self, what: str) -> None:
-        """One warning line for a controller status that failed or hung, once a run."""
-        if not self._status_failed:
-            self._status_failed = True
+    def _status_warning(self, kind: str, what: str) -> None:
+        """One warning line for a controller status that failed or hung, once a run for
+        each ``kind``."""
+        if kind not in self._status_said:
+            self._status_said.add(kind)
             log.warning("domain %s: controller status %s", self.name, what)
 
     def close_controller(self) -> None:

@@ -495,9 +495,13 @@ class _StatusReporting:
     def __call__(self, observation: ServingObservation) -> float:
         return self.clocks[-1]
 
+    answered = 0
+    """Statuses given, over every instance (the warm-up decides on a copy)."""
+
     def status(self) -> dict[str, Any]:
         if self.raises:
             raise RuntimeError("status is broken")
+        _StatusReporting.answered += 1
         return {"samples": "many", "confidence": None, "residual_rms": "n/a", "resets": [1]}
 
 
@@ -513,6 +517,7 @@ def test_an_outside_controllers_own_status_neither_breaks_a_scrape_nor_the_loop(
     scrape a 500 (a traceback on stderr); one that raised ended the run."""
     import types
 
+    _StatusReporting.answered = 0
     plugin = types.ModuleType("gpugov_status_plugin")
     plugin.make = lambda context: _StatusReporting(context.supported_clocks_mhz, raises)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "gpugov_status_plugin", plugin)
@@ -546,6 +551,8 @@ def test_an_outside_controllers_own_status_neither_breaks_a_scrape_nor_the_loop(
     names = {s.name for f in text_string_to_metric_families(pages[-1]) for s in f.samples}
     assert "gpugov_loop_ticks_total" in names
     assert not names & {"gpugov_model_samples_total", "gpugov_model_confidence_ratio"}
+    if not raises:  # read, and its values left out, not left unread
+        assert _StatusReporting.answered > 0
     failed = [r.getMessage() for r in caplog.records if "status" in r.getMessage()]
     if raises:  # said once, not each tick
         assert len(failed) == 1 and "status is broken" in failed[0], failed
