@@ -105,7 +105,7 @@ class BudgetGuard(ControllerWrapper):
 
     A controller that reports no need (no model, or none yet) and a tick without a budget
     pass through unchanged. The guard never raises a clock above the inner decision
-    except to the TPOT clock over budget.
+    except over budget, to the TPOT clock or the slowest faster clock whose power fits.
 
     With ``enforce=False`` (the budget is only the GPUs' own power limit, which their
     firmware enforces) the guard prices the need and follows the over-budget state for

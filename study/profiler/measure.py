@@ -40,13 +40,15 @@ class _ShortWindow(ProfileRunError):
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One poll of every GPU: summed power and energy, mean clock, max temperature."""
+    """One poll of every GPU: summed power and energy, mean clock, max temperature, and
+    the fastest GPU's clock (one GPU of a group whose lock was reset shows there)."""
 
     time_s: float
     power_w: float | None
     energy_j: float | None
     sm_clock_mhz: float | None
     temperature_c: float | None
+    top_sm_clock_mhz: float | None = None
 
 
 class GpuSampler:
@@ -90,6 +92,7 @@ class GpuSampler:
             energy_j=total([s.energy_j for s in samples]),
             sm_clock_mhz=float(np.mean(clocks)) if clocks else None,
             temperature_c=float(max(temps)) if temps else None,
+            top_sm_clock_mhz=float(max(clocks)) if clocks else None,
         )
 
     def start(self) -> None:

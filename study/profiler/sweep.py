@@ -39,6 +39,7 @@ from gpugov.plant.input_files import finite_number
 from gpugov.study.profiler.fit import fit_decode
 from gpugov.study.profiler.measure import (
     DECODE_ATTEMPTS,
+    GpuReading,
     GpuSampler,
     Interrupted,
     Measurer,
@@ -326,21 +327,29 @@ class Sweep:
                 return
         raise ProfileRunError(
             f"{clock_mhz} MHz: the lock could not be set on GPU(s) {','.join(missing)} "
-            f"({LOCK_ATTEMPTS} writes failed, the GPU busy or not answering); that clock was "
+            f"(not locked after {LOCK_ATTEMPTS} tries: its writes failed or hung, the GPU busy "
+            "or not answering); that clock was "
             "not measured, --resume measures it"
         )
 
     def _check_lock_held(
-        self, requested_mhz: int | None, measurement: str, clocks: Sequence[float]
+        self, requested_mhz: int | None, measurement: str, readings: Sequence[GpuReading]
     ) -> None:
-        """Refuse a measurement the GPUs ran above the locked clock for (their median
-        further above it than a driver holds a lock: another program reset the clocks,
-        the GPU or its emulator restarted, or the lock's write failed): its rates and
-        powers are another clock's, and were recorded under this one.
+        """Refuse a measurement a GPU ran above the locked clock for (the median of the
+        fastest GPU's clock further above it than a driver holds a lock: another program
+        reset one GPU's clocks, the GPU or its emulator restarted, or the lock's write
+        failed): its rates and powers are another clock's, and were recorded under this
+        one. The fastest GPU's, not the group's mean: one GPU of eight reset to the top
+        moved the mean by a few steps only.
 
         Raises:
             ProfileRunError: naming the clock, the measurement and the clock it ran at.
         """
+        clocks = [
+            r.top_sm_clock_mhz or r.sm_clock_mhz
+            for r in readings
+            if (r.top_sm_clock_mhz or r.sm_clock_mhz)
+        ]
         if requested_mhz is None or not clocks or not self.backends:
             return  # a dry run locks nothing
         ran = sorted(clocks)[len(clocks) // 2]
@@ -373,7 +382,7 @@ class Sweep:
             settings.prefill_prompt_tokens, settings.prefill_requests
         )
         busy_clocks = [r.sm_clock_mhz for r in prefill_readings if r.sm_clock_mhz]
-        self._check_lock_held(requested_mhz, "prefill", busy_clocks)
+        self._check_lock_held(requested_mhz, "prefill", prefill_readings)
         prefill_remeasured = 0
         while prefill.r_squared < PREFILL_FIT_MIN_R2 and prefill_remeasured < MAX_REMEASURES:
             # Completion times off the line against cumulative prompt tokens: most likely
@@ -383,7 +392,7 @@ class Sweep:
                 settings.prefill_prompt_tokens, settings.prefill_requests
             )
             clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
-            self._check_lock_held(requested_mhz, "prefill", clocks)
+            self._check_lock_held(requested_mhz, "prefill", readings)
             prefill_remeasured += 1
             if again.r_squared > prefill.r_squared:  # the best-explained one is kept
                 prefill, busy_clocks = again, clocks
@@ -394,7 +403,7 @@ class Sweep:
             point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
             decode.append(point_dict(point))
             clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
-            self._check_lock_held(requested_mhz, f"decode B={batch}", clocks)
+            self._check_lock_held(requested_mhz, f"decode B={batch}", readings)
             busy_clocks += clocks
             self._check_stop()
             step(f"decode B={batch}")
@@ -409,7 +418,7 @@ class Sweep:
             point, readings = measurer.decode(batch, prompt, settings.decode_output_tokens)
             decode[worst] = point_dict(point)
             clocks = [r.sm_clock_mhz for r in readings if r.sm_clock_mhz]
-            self._check_lock_held(requested_mhz, f"decode B={batch}", clocks)
+            self._check_lock_held(requested_mhz, f"decode B={batch}", readings)
             busy_clocks += clocks
             remeasured += 1
             self._check_stop()

@@ -43,3 +43,23 @@ def test_a_clock_the_gpu_did_not_hold_stops_the_sweep(
         assert '"clock_mhz": 1980' in state[1]
     finally:
         backend.close()
+
+
+def test_one_gpu_of_a_group_reset_is_caught_not_averaged_away() -> None:
+    """A TP8 sweep locked at 1,290 MHz with one GPU reset to 1,980 MHz averages 1,376 MHz,
+    within the driver's offset of the lock by the mean: the sweep recorded that GPU's
+    power under 1,290 MHz. The fastest GPU's clock is judged, not the mean."""
+    from types import SimpleNamespace
+
+    from gpugov.study.profiler.measure import GpuReading
+
+    clocks = tuple(float(c) for c in range(345, 1981, 15))
+    stub = SimpleNamespace(backends=[SimpleNamespace(supported_clocks_mhz=lambda: clocks)])
+    mean = (7 * 1290.0 + 1980.0) / 8
+    readings = [
+        GpuReading(float(t), 2000.0, None, mean, 60.0, top_sm_clock_mhz=1980.0) for t in range(5)
+    ]
+    with pytest.raises(ProfileRunError, match=r"^1290 MHz: the GPUs ran at 1980 MHz"):
+        Sweep._check_lock_held(stub, 1290, "prefill", readings)  # type: ignore[arg-type]
+    held = [GpuReading(float(t), 2000.0, None, 1290.0, 60.0, 1290.0) for t in range(5)]
+    Sweep._check_lock_held(stub, 1290, "prefill", held)  # type: ignore[arg-type]
