@@ -370,11 +370,12 @@ def test_default_horizon_waits_for_an_slo_longer_than_the_drain_timeout() -> Non
     assert result.metrics.censored_requests == 0
     assert result.metrics.completed_requests == len(workload)
     assert result.metrics.slo_attainment == 1.0
-    # Where the deadlines pass first, the drain timeout still ends the run.
-    quick = make_plant(drain_timeout_s=1.0)
-    assert quick.run_horizon_s(workload) == pytest.approx(
-        max(1.0, quick.profile.ttft_slo_for(4000) + 299 * quick.profile.tpot_slo_s)
-    )
+    # Where the deadlines pass first, the drain timeout still ends the run: the synthetic
+    # profile's 1 s + 299 x 0.1 s = 30.9 s against a 600 s drain.
+    quick = make_plant()
+    late = (*workload, Request(8, 50.0, 4000, 300))
+    assert quick.profile.ttft_slo_for(4000) + 299 * quick.profile.tpot_slo_s < 600.0
+    assert quick.run_horizon_s(late) == pytest.approx(50.0 + 600.0)
 
 
 def test_result_as_dict_is_json_and_strided(plant) -> None:  # type: ignore[no-untyped-def]
