@@ -168,14 +168,11 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def _check_the_model_is_served(url: str, model: str, api_key: str | None) -> None:
-    """Refuse ``--model`` before any request when the server's ``/v1/models`` list is
-    read and names no such model: every request was refused (vLLM's 404) through the whole
-    window. A server that lists no models, or none readable, is left to answer.
-
-    Raises:
-        UsageError: naming the flag and the models the server lists.
-    """
-    from gpugov.daemon.cli_support import UsageError
+    """Warn before any request when the server's ``/v1/models`` list is read and names no
+    such ``--model``: a server that checks the name (vLLM) refuses every request of the
+    window (404), where TGI and SGLang serve their model whatever name is sent. A server
+    that lists no models, or none readable, is left to answer."""
+    from gpugov.daemon.cli_support import warn
     from gpugov.study.openai_client import EngineUnreachable, served_models
 
     try:
@@ -185,9 +182,10 @@ def _check_the_model_is_served(url: str, model: str, api_key: str | None) -> Non
     ids = [entry["id"] for entry in entries if isinstance(entry, dict) and "id" in entry]
     if ids and model not in ids:
         listed = ", ".join(str(name) for name in ids[:10]) + (", ..." if len(ids) > 10 else "")
-        raise UsageError(
-            f"--model {model}: {url}/v1/models lists no such model (it serves {listed}); "
-            "name one of them, or leave --model out for the first"
+        warn(
+            f"--model {model}: {url}/v1/models lists no such model (it serves {listed}); a "
+            "server that checks the name (vLLM) refuses every request: name one of them, "
+            "or leave --model out for the first"
         )
 
 
