@@ -526,7 +526,7 @@ class PowerLimitActuator:
         if original is None:
             self.ledger.forget(backend)
             return "left"
-        original = self._restorable(backend, original)
+        original = self._restorable(backend, original, read=not at_exit)
         if not isinstance(backend, DryRunBackend):  # a dry run never set what it holds
             try:
                 now: float | None = float(writer.call(backend.power_limit_w, "read", wait_s=wait()))
@@ -788,13 +788,17 @@ class PowerLimitActuator:
         log.warning("reconcile: %s", line)
         return line
 
-    def _restorable(self, backend: PowerLimitBackend, original: float) -> float:
+    def _restorable(
+        self, backend: PowerLimitBackend, original: float, *, read: bool = True
+    ) -> float:
         """``original`` clamped into the limits ``backend`` accepts now: a limit recorded
         before a driver or firmware change narrowed them is refused by NVML (invalid
         argument), and every restore and start's reconcile failed for good, the GPU left
-        capped at gpugov's limit. Unchanged where the constraints cannot be read."""
+        capped at gpugov's limit. Unchanged where the constraints cannot be read; without
+        ``read`` (an exit's restore, within its time budget) only constraints read before
+        are used."""
         try:
-            bounds = self.bounds.constraints(backend)
+            bounds = self.bounds.constraints(backend) if read else self.bounds.known(backend)
         except GpuError:  # a lost GPU: the write says so
             return original
         if bounds is None:

@@ -63,6 +63,11 @@ class PowerLimitBounds:
             )
         return None
 
+    def known(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
+        """``backend``'s constraints where they were read already (no GPU call: an exit's
+        restore spends no deadline on them), else None."""
+        return self._read.get(backend.label)
+
     def constraints(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
         """The (lowest, highest) limit ``backend`` accepts, in watts, read once (through
         its writer); None when it cannot be read now (read again next time).
