@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpugov.plant.input_files import finite_number
+from gpugov.plant.types import ttft_slo_at
 
 Phase = Literal["prefill", "decode", "idle"]
 
@@ -301,7 +302,7 @@ class PerformanceProfile:
     def ttft_slo_for(self, prompt_tokens: float) -> float:
         """TTFT SLO of a request with ``prompt_tokens`` prompt tokens, in seconds:
         ``ttft_slo_s + ttft_slo_per_prompt_token_s * prompt_tokens``."""
-        return self.ttft_slo_s + self.ttft_slo_per_prompt_token_s * float(prompt_tokens)
+        return ttft_slo_at(self.ttft_slo_s, self.ttft_slo_per_prompt_token_s, prompt_tokens)
 
     @property
     def tensor_parallel(self) -> int:

@@ -103,6 +103,17 @@ class RequestRecord:
         return self.finish_time_s is None
 
 
+def ttft_slo_at(
+    flat_s: float, per_prompt_token_s: float | None, prompt_tokens: float | None
+) -> float:
+    """The TTFT SLO of a request (or a window's mean) of ``prompt_tokens`` prompt tokens:
+    ``flat_s`` plus ``per_prompt_token_s`` per prompt token, ``flat_s`` where either is
+    unknown or the length is not finite."""
+    if per_prompt_token_s is None or prompt_tokens is None or not math.isfinite(prompt_tokens):
+        return float(flat_s)
+    return float(flat_s) + per_prompt_token_s * max(0.0, float(prompt_tokens))
+
+
 @dataclass(frozen=True, slots=True)
 class ServingObservation:
     """What a clock controller sees at a control instant: only what a real node can know.
@@ -212,10 +223,7 @@ class ServingObservation:
         SLO."""
         if self.ttft_slo_s is None:
             return None
-        allowance = self.ttft_slo_per_prompt_token_s
-        if allowance is None or prompt_tokens is None or not math.isfinite(prompt_tokens):
-            return self.ttft_slo_s
-        return self.ttft_slo_s + allowance * max(0.0, float(prompt_tokens))
+        return ttft_slo_at(self.ttft_slo_s, self.ttft_slo_per_prompt_token_s, prompt_tokens)
 
     @property
     def ttft_recent_slo_s(self) -> float | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.cli_support import require_extra
+from gpugov.plant.types import ttft_slo_at
 
 
 def pyplot(needed_for: str = "plotting") -> Any:
@@ -106,7 +107,9 @@ def series_from_result(result: Any) -> RunSeries:
             ttft_t.append(record.first_token_time_s)
             ttft_v.append(record.ttft_s)
             ttft_slos.append(
-                metrics.ttft_slo_s + metrics.ttft_slo_per_prompt_token_s * record.prompt_tokens
+                ttft_slo_at(
+                    metrics.ttft_slo_s, metrics.ttft_slo_per_prompt_token_s, record.prompt_tokens
+                )
             )
         if record.tpot_s is not None:
             tpot_t.append(record.finish_time_s)
@@ -189,9 +192,11 @@ def _window_ttft_slo_s(observation: Mapping[str, Any]) -> float:
         return math.nan
     allowance = observation.get("ttft_slo_per_prompt_token_s")
     prompt = observation.get("ttft_recent_prompt_tokens")
-    if allowance is None or prompt is None:
-        return float(flat)
-    return float(flat) + float(allowance) * max(0.0, float(prompt))
+    return ttft_slo_at(
+        flat,
+        None if allowance is None else float(allowance),
+        None if prompt is None else float(prompt),
+    )
 
 
 def _clean(values: Sequence[float | None]) -> list[float]:
