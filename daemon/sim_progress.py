@@ -110,14 +110,20 @@ class SimulationProgress:
         self._detail = ""
         self._last_arrival_s = max(total_s, 0.0)
         self._end = DrainEstimate(self._last_arrival_s)
+        self._seen: tuple[float, Any] | None = None
+        """The last ``(time_s, simulation)`` recorded, for the drain's estimate on demand."""
 
     def __call__(self, time_s: float, simulation: Any) -> None:
-        """Record the simulation's state at ``time_s``; emit a line when one is due."""
-        self.progress.total = max(self._end(time_s, simulation), 1e-9)
-        self._last_s = min(time_s, self.progress.total)
+        """Record the simulation's state at ``time_s``; emit a line when one is due (the
+        drain's estimate, a pass over the unfinished requests, is made only then: every
+        tick of a quiet run paid it)."""
+        self._seen = (time_s, simulation)
         if not self.progress.due():
+            self._last_s = min(time_s, max(self.progress.total, time_s))
             self.progress.update(self._last_s, self._detail)
             return
+        self.progress.total = max(self._end(time_s, simulation), 1e-9)
+        self._last_s = min(time_s, self.progress.total)
         self._detail = self.detail(simulation)
         self.progress.update(self._last_s, self._detail)
 
@@ -133,11 +139,14 @@ class SimulationProgress:
         estimate made while it drained is replaced by the end itself)."""
         self.progress.total = max(self._last_arrival_s, end_s, 1e-9)
         self._last_s = self.progress.total
+        self._seen = None  # the end is known: no estimate replaces it
 
     @property
     def total_s(self) -> float:
         """The simulated seconds the run is now expected to cover (its last arrival, or
         later while it drains)."""
+        if self._seen is not None:
+            self.progress.total = max(self._end(*self._seen), 1e-9)
         return self.progress.total
 
     @property
