@@ -476,6 +476,9 @@ class _Handler(BaseHTTPRequestHandler):
         while True:
             kind, value = self._next_event(stream)
             if kind == "abort":
+                # Stopped by the server (its stop, the stream's timeout): vLLM ends such a
+                # stream with an empty chunk whose finish_reason is "abort".
+                self._event(responder.chunk("", "abort"))
                 break
             if kind == "tokens":
                 for _ in range(value):

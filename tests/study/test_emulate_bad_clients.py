@@ -303,3 +303,37 @@ def test_a_malformed_stream_event_fails_the_request(events: bytes, shown: str) -
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stream_the_emulator_stops_ends_with_finish_reason_abort() -> None:
+    """The emulator stopped mid-stream (SIGTERM, its stream timeout): the stream ended with
+    ``[DONE]`` and no finish reason, where vLLM sends one of ``abort``; a client could not
+    tell an ended stream from a short answer."""
+    node = EmulatedNode(make_plant())
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        body = json.dumps(
+            {"prompt": "x" * 40, "max_tokens": 5000, "ignore_eos": True, "stream": True}
+        ).encode()
+        parts = urllib.parse.urlsplit(server.url)
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+            sock.sendall(_post("/v1/completions", body))
+            data = b""
+            while b'"text": "' not in data and b'"text":"' not in data:  # a token streamed
+                data += sock.recv(65536)
+            node.stop()  # as on SIGTERM: every open stream is ended
+            while b"[DONE]" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        server.close()
+    events = [
+        json.loads(line[len(b"data: ") :])
+        for line in data.split(b"\n")
+        if line.startswith(b"data: {")
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "abort", events[-1]
+    assert b"[DONE]" in data
