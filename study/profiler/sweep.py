@@ -388,6 +388,12 @@ class Sweep:
             # Completion times off the line against cumulative prompt tokens: most likely
             # disturbed (a stalled client or server), as a decode point below.
             self._check_stop()
+            log.info(
+                "%s MHz: the prefill's fit is R^2 %.4f (under %g): measured again",
+                requested_mhz if requested_mhz is not None else "current clock",
+                prefill.r_squared,
+                PREFILL_FIT_MIN_R2,
+            )
             again, readings = measurer.prefill(
                 settings.prefill_prompt_tokens, settings.prefill_requests
             )
