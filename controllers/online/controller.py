@@ -476,6 +476,8 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.reset(observation)
         if name is not None:
             self.model_name = name
+        if self.model is not None and self._clocks_changed(observation):
+            self.reset(observation)
         if self.model is None:
             self.model = self._new_model(observation)
             self.previous = observation
@@ -496,6 +498,17 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.update_times_s.append(self.timer() - start)
         if len(self.update_times_s) > 4096:
             del self.update_times_s[:2048]
+
+    def _clocks_changed(self, observation: ServingObservation) -> bool:
+        """Whether ``observation`` offers other supported clocks (two or more) than the
+        model was learned on: its clock-indexed fit then plans clocks the GPU lacks."""
+        model = self.model
+        clocks = np.unique(np.asarray(observation.supported_clocks_mhz, dtype=float))
+        if model is None or clocks.size < 2:
+            return False
+        return clocks.shape != model.clocks_mhz.shape or not np.array_equal(
+            clocks, model.clocks_mhz
+        )
 
     def _follow_name(self, name: str | None) -> None:
         """On a served model name not seen before, ask the automatic hints for its prior
