@@ -276,9 +276,10 @@ class GpuPhysics:
                     if ceiling == fit
                     else self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
                 )
-            if ceiling == 0:
+            if ceiling == 0 and cap > self.params.idle_power_w[0]:
                 # The cap's controller has come down to the lowest clock: past it, the
-                # firmware slows the GPU as it does for the board limit.
+                # firmware slows the GPU as it does for the board limit. A cap at or
+                # below the idle power cannot be held; the board limit still is.
                 held = min(held, cap)
         self.slowdown = 1.0
         if index == 0 and parts[2] > held + 1e-9:
@@ -307,8 +308,8 @@ class GpuPhysics:
 
         The share is ``(limit - idle) / (power - idle)``, so the mean power is the limit
         and both durations grow by its inverse (:attr:`slowdown`). A limit at or below the
-        idle power (the loader refuses such a board limit; a run-time cap may be one)
-        cannot be held: unchanged, and a cap's overshoot is counted.
+        idle power cannot be held: unchanged (the loader refuses such a board limit, and
+        :meth:`busy_clock` holds the board limit in place of such a run-time cap).
         """
         t_pf, t_dec, power = parts
         idle = self.params.idle_power_w[index]

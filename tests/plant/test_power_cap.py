@@ -279,3 +279,26 @@ def test_fast_forward_matches_iteration_by_iteration_when_slowed_below_the_lowes
             (slow.first_token_time_s, slow.finish_time_s), rel=1e-9
         )
         assert fast.decode_energy_j == pytest.approx(slow.decode_energy_j, rel=1e-9)
+
+
+def test_a_cap_below_the_idle_power_still_holds_the_board_limit() -> None:
+    """A run-time cap at or below the idle power cannot be held, but the board limit still
+    is: on a board whose lowest clock draws more than its limit the GPU is slowed to the
+    board limit. It ran unslowed at the lowest clock's full draw, above the board limit."""
+    probe = GpuParameters.from_plant(make_plant())
+    lowest_draw = min(probe.prefill_power_w[0], probe.decode_power_w[0])
+    limit = 0.5 * (max(probe.idle_power_w) + lowest_draw)
+    plant = make_plant(power_limit_w=limit, power_cap_window_s=0.0)
+    params = GpuParameters.from_plant(plant)
+    gpu = GpuPhysics(params, len(params.clock_mhz) - 1)
+    gpu.set_power_cap(0.5 * params.idle_power_w[0])
+    run_prefill(gpu, 1.0)
+    assert gpu.power_w == pytest.approx(limit)
+    assert gpu.power_violation_s == 0.0
+    assert gpu.cap_overshoot_s > 0.0
+    result = simulate(
+        busy_workload(), plant, controller=CapAt(0.5 * params.idle_power_w[0]), control_period_s=0.5
+    )
+    assert result.metrics.power_cap_violation_s == 0.0
+    assert max(result.power_w) <= limit + 1e-6
+    assert result.metrics.cap_overshoot_s is not None and result.metrics.cap_overshoot_s > 0.0
