@@ -134,17 +134,22 @@ class GpuParameters:
 class GpuPhysics:
     """The simulated GPU's state: realised clock, power, energy and die temperature.
 
-    Starts idle at clock ``index`` and at that idle power's steady-state temperature. The
-    simulator asks for the realised clock of each segment (:meth:`busy_clock`,
+    Starts idle at clock ``index`` (held lower where its idle power exceeds the board
+    limit, as :meth:`idle_clock` holds it) and at that idle power's steady-state
+    temperature. The simulator asks for the realised clock of each segment (:meth:`busy_clock`,
     :meth:`idle_clock`) and advances the GPU over it (:meth:`integrate`).
     """
 
     def __init__(self, params: GpuParameters, index: int) -> None:
         self.params = params
-        idle = params.idle_power_w[index]
+        # The run-time power cap (None: only the board limit) and its power controller.
+        self.cap_w: float | None = None
+        self.cap_ceiling_index = len(params.clock_mhz) - 1
+        self.temperature_c = params.ambient_temperature_c
+        # The realised clock and why it is below the request, as NVML's bitmask.
         self.realized_index = index
-        # Why the realised clock is below the request now, as NVML's bitmask.
         self.clock_event_reasons = CLOCK_EVENT_GPU_IDLE
+        idle = params.idle_power_w[self.idle_clock(index)]
         self.temperature_c = params.ambient_temperature_c + (
             params.thermal_resistance_c_per_w * idle
         )
@@ -161,10 +166,7 @@ class GpuPhysics:
         self.slowdown = 1.0
         self.running_power_w = idle
         self._batch_factor_cache: dict[int, float] = {}
-        # The run-time power cap (None: only the board limit) and its power controller.
-        self.cap_w: float | None = None
         self.average_power_w = idle
-        self.cap_ceiling_index = len(params.clock_mhz) - 1
         self.cap_overshoot_s = 0.0
         # Whether a run-time cap was ever set (:attr:`cap_overshoot_s` means something).
         self.cap_requested = False

@@ -302,3 +302,26 @@ def test_a_cap_below_the_idle_power_still_holds_the_board_limit() -> None:
     assert result.metrics.power_cap_violation_s == 0.0
     assert max(result.power_w) <= limit + 1e-6
     assert result.metrics.cap_overshoot_s is not None and result.metrics.cap_overshoot_s > 0.0
+
+
+def test_a_gpu_starts_idle_within_its_board_limit() -> None:
+    """A board limit below the top clock's idle power holds the idle GPU lower from the
+    start, as every later idle segment is: the first sample read the top clock's idle
+    power, above the limit, and the die started at that power's temperature."""
+    probe = GpuParameters.from_plant(make_plant())
+    limit = 0.5 * (probe.idle_power_w[0] + probe.idle_power_w[-1])
+    assert probe.idle_power_w[0] < limit < probe.idle_power_w[-1]
+    plant = make_plant(power_limit_w=limit)
+    params = GpuParameters.from_plant(plant)
+    top = len(params.clock_mhz) - 1
+    gpu = GpuPhysics(params, top)
+    held = max(i for i, p in enumerate(params.idle_power_w) if p <= limit)
+    assert gpu.realized_index == held
+    assert gpu.power_w == params.idle_power_w[held] <= limit
+    assert gpu.temperature_c == pytest.approx(
+        params.steady_temperature_c(params.idle_power_w[held])
+    )
+    assert gpu.clock_event_reasons & CLOCK_EVENT_SW_POWER_CAP
+    workload = [Request(0, 1.0, PREFILL_TOKENS, 8)]
+    result = simulate(workload, plant, controller=maximum_clock_controller)
+    assert max(result.power_w) <= limit + 1e-9
