@@ -622,13 +622,21 @@ class PersistentOnlineModel(ControllerWrapper):
 
     def _roll_back(self, problem: str, *, final: bool) -> None:
         """The model learned a state its loader refuses: the last good file is kept, and
-        the model goes back to it (learned anew where there is none). One line."""
+        the model goes back to it (learned anew where there is none). One line. A model in
+        its warm-up is only not saved: it goes on learning."""
         if final or self._last_observation is None:
             self._say(
                 logging.WARNING,
                 f"{self.path}: learned model not saved: {problem} (the loader would refuse "
                 "it); the last good file is kept",
             )
+            return
+        model = self.inner.model
+        if model is not None and not model.warmed_up:
+            # A model in its warm-up has not seen enough to identify its top clock's
+            # latencies (its first window may be prefill alone): it is not saved yet and
+            # goes on learning; going back would throw its windows away at every try.
+            log.debug("%s: learned model not saved yet (in its warm-up): %s", self.path, problem)
             return
         self._say(
             logging.WARNING,

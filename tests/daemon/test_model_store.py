@@ -2167,3 +2167,39 @@ def test_the_exported_profile_describes_the_domains_gpus(
     manifest, _ = _export(tmp_path, capsys)
     assert manifest["tensor_parallel"] == len(gpus)
     assert load_profile(tmp_path / "export" / "online-llm.json").tensor_parallel == len(gpus)
+
+
+class NoPower:
+    """Observations without a power or energy reading (a GPU whose power reads fail)."""
+
+    def __init__(self, inner: PersistentOnlineModel) -> None:
+        self.inner = inner
+
+    def __call__(self, observation):  # type: ignore[no-untyped-def]
+        changed = replace(observation, power_w=None, energy_j=None, model_name="llama")
+        return self.inner(changed)
+
+
+def test_a_model_in_its_warm_up_is_not_thrown_away_by_a_save_it_fails(tmp_path: Path) -> None:
+    """Without power readings the first save comes with the first latency window, when the
+    decode fit at the top clock is not identified yet (0 s): the save was refused and the
+    model reset to nothing (no good file yet), its first windows lost. A model in its
+    warm-up is not saved then, and goes on learning."""
+    controller = OnlineMPCController(control_period_s=0.25)
+    wrapper = PersistentOnlineModel(controller, tmp_path, "llm", GPUS)
+    simulate(
+        poisson_requests(30.0, seed=1),
+        make_plant(),
+        chunked_prefill_scheduler,
+        NoPower(wrapper),
+        0,
+        control_period_s=0.25,
+    )
+    wrapper.close()
+    assert controller.resets == 0
+    assert not [m for m in wrapper.messages if "not saved" in m]
+    model = controller.model
+    assert model is not None and model.warmed_up
+    assert (
+        read_stored(model_path(tmp_path, "llm"))["model"]["time"]["samples"] == model.time.samples
+    )
