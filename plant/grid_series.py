@@ -19,7 +19,7 @@ class GridSeries:
     :data:`~gpugov.plant.result.SERIES_NAMES` and :attr:`phases` the engine's phase at each
     tick (``"idle"``, ``"prefill"``, ``"decode"`` or ``"mixed"``). ``power_w[k]`` is the
     mean power over the grid step ending at ``time_s[k]`` (the energy drawn over the step
-    divided by it); the first sample takes the power at that instant.
+    divided by it); the sample at time 0 takes the power at that instant.
 
     Args:
         time_step_s: the grid step (``ServingPlant.time_step_s``).
@@ -54,7 +54,8 @@ class GridSeries:
     ) -> None:
         """Append the sample of the tick at :attr:`next_tick_s` (``time_s``).
 
-        ``power_w`` is the GPU's power at that instant, used only for a first sample;
+        ``power_w`` is the GPU's power at that instant, used only for the sample at time 0
+        (a fork's series, empty at first, goes on with each step's mean power);
         ``energy_j`` the energy drawn since the start, at the tick.
         """
         samples = self.samples
@@ -63,7 +64,7 @@ class GridSeries:
         samples["decode_active"].append(decode_active)
         samples["completed_requests"].append(completed_requests)
         samples["kv_tokens"].append(kv_tokens)
-        if samples["energy_j"]:
+        if self._next_tick:
             samples["power_w"].append((energy_j - self._last_energy_j) / self.time_step_s)
         else:
             samples["power_w"].append(power_w)

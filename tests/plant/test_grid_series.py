@@ -52,3 +52,16 @@ def test_a_fork_starts_its_series_empty_on_the_same_grid(plant) -> None:  # type
     ticks = len(fork.series.phases)
     assert fork.series.samples["time_s"] == simulation.series.samples["time_s"][-ticks:]
     assert fork.series.samples["energy_j"] == simulation.series.samples["energy_j"][-ticks:]
+
+
+def test_a_forks_first_power_sample_is_the_mean_over_its_step(plant) -> None:  # type: ignore[no-untyped-def]
+    """A fork between two ticks samples the same power as the run it came from: the mean
+    over the step, not the power at the tick (which only the run's first sample takes)."""
+    simulation = PlantSimulation(poisson_workload(20.0, 10.0, seed=3), plant)
+    simulation.advance_to(5.0 + 0.5 * plant.time_step_s)
+    fork = simulation.fork()
+    fork.advance_to(7.0)
+    simulation.advance_to(7.0)
+    ticks = len(fork.series.phases)
+    power = simulation.series.samples["power_w"][-ticks:]
+    assert fork.series.samples["power_w"] == pytest.approx(power, rel=1e-12)
