@@ -146,6 +146,7 @@ class PlantSimulation:
         # Iteration in progress.
         self._in_iteration = False
         self._iter_progress = 0.0
+        self._iter_start_s = 0.0
         self._iter_decode_batch = 0
         self._iter_context = 0
         self._iter_prefill_tokens = 0
@@ -531,7 +532,8 @@ class PlantSimulation:
         )
         self._integrate(dt, power, busy=True)
         if completes:
-            self._finish_iteration(duration)
+            # What the iteration took: its segments may have run at different clocks.
+            self._finish_iteration(self.time_s - self._iter_start_s)
         elif duration > 0.0:
             self._iter_progress += dt / duration
 
@@ -664,6 +666,7 @@ class PlantSimulation:
             return False
         self._in_iteration = True
         self._iter_progress = 0.0
+        self._iter_start_s = self.time_s
         self._iter_decode_batch = batch
         self._iter_context = self._kv_running() if batch else 0
         self._iter_prefill_tokens = prefill_tokens
@@ -790,6 +793,8 @@ class PlantSimulation:
         self._waiting_tokens += new_len
 
     def _finish_iteration(self, duration: float) -> None:
+        """End the iteration in flight, which took ``duration`` seconds: its tokens, the
+        requests it finished and the prefills it completed."""
         now = self.time_s
         batch = self._iter_decode_batch
         self._in_iteration = False

@@ -608,3 +608,21 @@ def test_recent_utilization_is_the_busy_share_of_the_last_samples() -> None:
     again = PlantSimulation((Request(0, 0.0, 2000, 300),), make_plant())
     again.advance_to(finish + 0.5)
     assert again.recent_utilization(1.0) == pytest.approx(0.5, abs=0.15)
+
+
+def test_the_recent_inter_token_latency_is_what_the_iterations_took() -> None:
+    """An iteration that a clock change lands in runs its segments at two clocks; the
+    window's inter-token latency counted it at the last clock's full duration, so it
+    differed from the request's own TPOT. Back-to-back decodes of one request: the two
+    agree exactly."""
+    plant = make_plant(actuation_delay_s=0.013)
+    simulation = PlantSimulation([Request(0, 0.0, 100, 200)], plant)
+    clocks = plant.profile.clock_mhz
+    step = 0
+    while not simulation.done:
+        step += 1
+        simulation.advance_to(0.05 * step, stop_when_done=True)
+        simulation.request_clock(float(clocks[0] if step % 2 else clocks[-1]))
+    record = simulation.records()[0]
+    assert record.tpot_s is not None
+    assert simulation.observe().tpot_recent_s == pytest.approx(record.tpot_s, rel=1e-9)
