@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import bisect
 
+from gpugov.plant.types import ttft_slo_at
+
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """Upper bounds of the tokens-per-step histogram, vLLM V1's layout (1, 8, then its
 default CUDA-graph capture sizes; ``vllm:iteration_tokens_total``)."""
@@ -82,7 +84,7 @@ class EngineCounters:
         self._ttft_count += 1
         self._ttft_prompt_sum += prompt_tokens
         self.ttft_total += 1
-        slo = self.ttft_slo_s + self.ttft_slo_per_prompt_token_s * prompt_tokens
+        slo = ttft_slo_at(self.ttft_slo_s, self.ttft_slo_per_prompt_token_s, prompt_tokens)
         self.ttft_within += ttft_s <= slo + 1e-12
 
     def finished(self, tpot_s: float) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.plant.types import RequestRecord
+from gpugov.plant.types import RequestRecord, ttft_slo_at
 
 SERIES_NAMES = (
     "time_s",
@@ -120,7 +120,7 @@ def compute_metrics(
     tpot_ok = 0
     both_ok = 0
     for r in records:
-        ttft_slo = ttft_slo_s + ttft_slo_per_prompt_token_s * r.prompt_tokens
+        ttft_slo = ttft_slo_at(ttft_slo_s, ttft_slo_per_prompt_token_s, r.prompt_tokens)
         ttft_met = r.ttft_s is not None and r.ttft_s <= ttft_slo + 1e-12
         if r.finish_time_s is None:
             tpot_met = False
