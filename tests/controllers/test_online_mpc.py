@@ -392,7 +392,9 @@ def test_relearns_after_a_model_swap_and_a_prompt_mix_change() -> None:
     swapped = _poisson_workload(2.0, 150.0, (200, 2500), (20, 300), seed=23)
     controller = _online(mixed + swapped)
     results = run_segments([(mixed, first, "model-a"), (swapped, second, "model-b")], controller)
-    assert controller.resets == 1 and controller.model_name == "model-b"
+    # Two resets: the second plant's GPU lists other clocks (at once), and its model's
+    # name settles a few observations later.
+    assert controller.resets == 2 and controller.model_name == "model-b"
     assert controller.model is not None and controller.model.warmed_up
     for workload, plant, result in zip((mixed, swapped), (first, second), results, strict=True):
         reference = simulate(
