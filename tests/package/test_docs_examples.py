@@ -21,6 +21,7 @@ PAGES = [
     REPO / "README.md",
     REPO / "CONTRIBUTING.md",
     REPO / "deploy" / "README.md",
+    REPO / "profiles" / "README.md",
     *sorted((REPO / "docs").glob("*.md")),
 ]
 CODE_BLOCK = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
