@@ -255,7 +255,8 @@ class GpuPhysics:
         The requested clock is held lower while the iteration's power exceeds the board
         limit (SW power cap; slowed below the lowest clock where that still exceeds it,
         :attr:`slowdown`), below a run-time cap's ceiling (the module notes), and while
-        the die is at or above the thermal limit.
+        the die is at or above the thermal limit (slowed below the lowest clock where that
+        still draws more than the thermally safe power).
         """
         requested = index
         parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
@@ -293,7 +294,18 @@ class GpuPhysics:
             while index > 0 and parts[2] > safe:
                 index -= 1
                 parts = self.iteration_parts(index, prefill_tokens, decode_batch, context, noise)
-            if index < capped:
+            slowed = self.slowdown
+            idle = self.params.idle_power_w[0]
+            if index == 0 and parts[2] > safe + 1e-9 and safe > idle:
+                # Even the lowest clock is too hot: slowed there (thermal slowdown) to draw
+                # halfway from its idle power to the safe power, so the die cools back
+                # under the limit, as it does at a lower clock.
+                parts = self._slowed_below_lowest_clock(
+                    0,
+                    self.iteration_parts(0, prefill_tokens, decode_batch, context, noise),
+                    min(held, 0.5 * (idle + safe)),
+                )
+            if index < capped or self.slowdown > slowed:
                 reasons |= CLOCK_EVENT_SW_THERMAL_SLOWDOWN
         if self.slowdown == 1.0:
             self.running_power_w = parts[2]
@@ -305,8 +317,8 @@ class GpuPhysics:
         self, index: int, parts: tuple[float, float, float], limit: float
     ) -> tuple[float, float, float]:
         """``parts`` of an iteration at clock ``index`` (the lowest) that draws more than
-        ``limit`` (the board limit, or a run-time cap below it), slowed to draw the limit:
-        run a share of the time, idle the rest.
+        ``limit`` (the board limit, a run-time cap below it, or a thermal slowdown's power),
+        slowed to draw the limit: run a share of the time, idle the rest.
 
         The share is ``(limit - idle) / (power - idle)``, so the mean power is the limit
         and both durations grow by its inverse (:attr:`slowdown`). A limit at or below the

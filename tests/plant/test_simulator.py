@@ -626,3 +626,26 @@ def test_the_recent_inter_token_latency_is_what_the_iterations_took() -> None:
     record = simulation.records()[0]
     assert record.tpot_s is not None
     assert simulation.observe().tpot_recent_s == pytest.approx(record.tpot_s, rel=1e-9)
+
+
+def test_a_thermal_limit_below_the_lowest_clocks_draw_is_held_by_slowing() -> None:
+    """Where even the lowest clock draws more than the power whose steady temperature is
+    the thermal limit, the GPU is slowed at that clock to draw that power, as the board
+    limit's slowdown does: it ran on at the lowest clock's draw, its die settling above
+    the limit for the rest of the run."""
+    probe = GpuParameters.from_plant(make_plant())
+    workload = [Request(i, 0.0, 200, 2000) for i in range(64)]
+    decode_draw = GpuPhysics(probe, 0).iteration_parts(0, 0, len(workload), 0, 1.0)[2]
+    safe = 0.5 * (max(probe.idle_power_w) + decode_draw)
+    assert max(probe.idle_power_w) < safe < decode_draw
+    limit_c = probe.ambient_temperature_c + probe.thermal_resistance_c_per_w * safe
+    plant = make_plant(thermal_limit_c=limit_c, thermal_time_constant_s=5.0)
+    result = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller)
+    metrics = result.metrics
+    assert metrics.completed_requests == len(workload)
+    # Over the last half the die stays within an iteration's overshoot of the limit; it
+    # rose towards the lowest clock's steady temperature, 0.8 C above.
+    settled = result.temperature_c[result.time_s > 0.5 * metrics.simulated_duration_s]
+    assert settled.size and float(np.max(settled)) < limit_c + 0.1
+    split = metrics.prefill_energy_j + metrics.decode_energy_j + metrics.idle_energy_j
+    assert split == pytest.approx(metrics.energy_j, rel=1e-9)
