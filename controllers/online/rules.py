@@ -171,11 +171,9 @@ class MeasuredLatencyRules:
             return parked if parked < top else None
         if not self._prefill_pressures:
             return None
-        # The share of the top clock each bound needs: TTFT's from ratio + share * (1 -
-        # x) <= threshold, TPOT's (not in a prefill pool) from ratio / x <= threshold.
-        needed = max(
-            1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures
-        )
+        # The share of the top clock each bound needs: TTFT's (an arriving prompt's),
+        # TPOT's (not in a prefill pool) from ratio / x <= threshold.
+        needed = self._arrival_park_share(threshold)
         if observation.role != "prefill":
             if not self._decode_pressures:
                 return None
@@ -184,6 +182,16 @@ class MeasuredLatencyRules:
             return None
         parked = _first_fit(clocks, clocks >= top * needed - 1e-9)
         return parked if parked < top else None
+
+    def _arrival_park_share(self, threshold: float) -> float:
+        """The share of the top clock a prompt arriving in the coming period needs, run
+        at that clock until the next decision: from ``ratio + share * (1 - x) <=
+        threshold`` over the TTFT pressures of the last :data:`PARK_MEMORY_S` (-inf with
+        none). Idle parking and the decode descent both hold it."""
+        return max(
+            (1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures),
+            default=-math.inf,
+        )
 
     def _decode_park_bound(self, threshold: float) -> float:
         """The lowest clock an idle decode pool may park at by the TPOTs of the last
@@ -313,7 +321,8 @@ class MeasuredLatencyRules:
         clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there (not in
         a decode pool of disaggregated serving, where no prompt is prefilled). Across a
         coarse grid's gap the clock below is allowed too (:meth:`coarse_step`), and taken
-        outright until the model has seen it."""
+        outright until the model has seen it. The bound is no lower than an idle GPU's
+        parking allows a prompt arriving in the coming period (:meth:`_arrival_park_share`)."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
@@ -328,6 +337,13 @@ class MeasuredLatencyRules:
         assert model is not None
         bound = applied * pressure / self.exploration.explore_threshold
         clocks = model.clocks_mhz
+        if observation.role != "decode":
+            # A prompt arriving in the coming period runs at the descended clock until the
+            # next decision, as at an idle GPU's parking: where the period is long beside
+            # the TTFT SLO, the prompts arriving over it queue there (at a 5 s period and
+            # a 1 s SLO the lowest clock missed it). A decode pool prefills nothing.
+            threshold = loosened(self.exploration.explore_threshold, self.looseness)
+            bound = max(bound, float(clocks[-1]) * self._arrival_park_share(threshold))
         table = model.table(
             clocks * model.realized_ratio, float(observation.decode_active), self.context_tokens
         )

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from synthetic import make_plant, poisson_requests
 
+from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.controllers.online.controller import OnlineMPCController
+from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import chunked_prefill_scheduler, simulate
 from gpugov.plant.types import ServingObservation
 
@@ -39,3 +43,18 @@ def test_a_changed_supported_clock_list_is_relearned_and_never_left() -> None:
     model = controller.model
     assert model is not None and float(model.clocks_mhz[0]) == 352.0
     assert float(model.clocks_mhz[-1]) == 1972.0 and controller.resets == 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_control_period_longer_than_the_ttft_slo_holds_the_slo(seed: int) -> None:
+    # At a 5 s period and a 1 s TTFT SLO the decode descent took the lowest clock in a
+    # decode-only window, where the prompts arriving over the next 5 s queued at it and
+    # missed their SLO (2.5 requests a second).
+    workload = poisson_requests(90.0, seed=seed)
+    plant = make_plant()
+    context = ControllerContext.for_plant(plant, workload, period_s=5.0)
+    chain = build_controller(OnlineMPCControllerConfig(kind="mpc-online"), context)
+    result = simulate(workload, plant, chunked_prefill_scheduler, chain, 0, control_period_s=5.0)
+    reference = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0)
+    assert reference.metrics.slo_attainment == 1.0
+    assert result.metrics.slo_attainment == 1.0
