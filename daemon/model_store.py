@@ -222,11 +222,15 @@ class PersistentOnlineModel(ControllerWrapper):
             return f"could not keep it aside ({error}): the next save replaces it"
 
     def _set_aside(
-        self, reason: str, key: ModelKey | None = None, clocks: Sequence[float] = ()
+        self,
+        reason: str,
+        key: ModelKey | None = None,
+        observation: ServingObservation | None = None,
     ) -> bool:
-        """Set a refused state file aside as corrupt, one line; with ``key``, put back
-        the model kept for it and ``clocks`` in its place (:meth:`_take_back_in_place`)
-        and return whether one was (else the model is learned anew)."""
+        """Set a refused state file aside as corrupt, one line; with ``key`` and
+        ``observation``, put back the model kept for them in its place
+        (:meth:`_take_back_in_place`) and return whether one was (else the model is
+        learned anew)."""
         if self.read_only:
             self._say(
                 logging.WARNING, f"learned model refused: {reason}; {READ_ONLY_LEFT}; learning anew"
@@ -237,19 +241,23 @@ class PersistentOnlineModel(ControllerWrapper):
             where = f"; set aside as {aside.name}"
         except OSError as rename_error:
             where = f"; could not set it aside: {rename_error}"
-        taken = key is not None and self._take_back_in_place(key, clocks)
+        taken = (
+            key is not None
+            and observation is not None
+            and self._take_back_in_place(key, observation)
+        )
         then = "" if taken else "; learning anew"
         self._say(logging.WARNING, f"learned model refused: {reason}{where}{then}")
         return taken
 
-    def _take_back_in_place(self, key: ModelKey, clocks: Sequence[float]) -> bool:
+    def _take_back_in_place(self, key: ModelKey, observation: ServingObservation) -> bool:
         """:meth:`_take_back` once the state file was moved out of the way (refused, or
         another gpugov's): a damaged file, or a rollback past the gpugov that kept this
         one's model aside, had the kept model learned anew, and the first save then made
         it unreachable (a state file that fits the key is never put back over)."""
         if self.read_only or self.path.exists() or self.path.is_symlink():
             return False
-        return self._take_back(key, clocks)
+        return self._take_back(key, observation)
 
     def _restore(self, observation: ServingObservation) -> None:
         """Start from the stored model when its key fits ``self.key`` (a name still
@@ -276,7 +284,7 @@ class PersistentOnlineModel(ControllerWrapper):
             payload = self._read_stored()
         except FileNotFoundError:
             self._remove_left_temporaries()
-            if self._take_back(key, clocks):
+            if self._take_back(key, observation):
                 self._restore(observation)
             return
         except UnreadableStateError as error:
@@ -295,7 +303,7 @@ class PersistentOnlineModel(ControllerWrapper):
             # Another gpugov's model (a rollback, or a node upgraded and back): kept
             # aside whole, never called corrupt; that gpugov reads it again.
             kept = self._keep_aside()
-            taken = self._take_back_in_place(key, clocks)
+            taken = self._take_back_in_place(key, observation)
             self._say(
                 logging.WARNING,
                 f"{error} (written by another gpugov); not applied; {kept}"
@@ -305,14 +313,14 @@ class PersistentOnlineModel(ControllerWrapper):
                 self._restore(observation)
             return
         except StoredModelError as error:
-            if self._set_aside(str(error), key, clocks):
+            if self._set_aside(str(error), key, observation):
                 self._restore(observation)
             return
         self._remove_left_temporaries()
         stored = ModelKey(
             tuple(str(u) for u in payload["key"]["gpu_uuids"]), payload["key"].get("model_name")
         )
-        if not stored.fits(key) and self._take_back(key, clocks):
+        if not stored.fits(key) and self._take_back(key, observation):
             self._restore(observation)
             return
         if stored.fits(key) and not _same_clocks(payload["model"]["clocks_mhz"], clocks):
@@ -320,7 +328,7 @@ class PersistentOnlineModel(ControllerWrapper):
             # one; kept aside whole (a model kept for these clocks comes back instead).
             # (A name still unknown here is the stored one's, as a restore would adopt.)
             if self._take_back(
-                ModelKey(key.gpu_uuids, key.model_name or stored.model_name), clocks
+                ModelKey(key.gpu_uuids, key.model_name or stored.model_name), observation
             ):
                 self._restore(observation)
                 return
@@ -339,7 +347,7 @@ class PersistentOnlineModel(ControllerWrapper):
             kept = f"; {self._keep_aside()}"
             # With the file out of the way, another domain's model of exactly this key is
             # this one's (two domains' names swapped: each name's file held the other's).
-            taken = self._take_back_in_place(key, clocks)
+            taken = self._take_back_in_place(key, observation)
             self._say(
                 logging.INFO,
                 f"{self.path}: stored model is for {stored.as_dict()}, this node is "
@@ -347,6 +355,22 @@ class PersistentOnlineModel(ControllerWrapper):
             )
             if taken:
                 self._restore(observation)
+            return
+        role = stored_role(payload)
+        if role != observation.role:
+            # Learned in another pool role (a prefill pool learns no decode latency): not
+            # corrupt, and not this domain's; kept aside whole, as another node's, and a
+            # model kept for this role comes back instead.
+            if self._take_back(
+                ModelKey(key.gpu_uuids, key.model_name or stored.model_name), observation
+            ):
+                self._restore(observation)
+                return
+            self._say(
+                logging.INFO,
+                f"{self.path}: stored model was learned in a {role} pool, this domain is "
+                f"{observation.role}; not applied; {self._keep_aside()}; learning anew",
+            )
             return
         model_state = self._at_this_period(payload)
         try:
@@ -430,10 +454,11 @@ class PersistentOnlineModel(ControllerWrapper):
         if snapshots is not None and self._counter_base is None:
             self._counter_base = counter_base(snapshots, observation)
 
-    def _take_back(self, key: ModelKey, clocks: Sequence[float]) -> bool:
+    def _take_back(self, key: ModelKey, observation: ServingObservation) -> bool:
         """Put back, as the state file, the newest model kept aside for exactly ``key``
-        and learned on ``clocks`` (``.other-*``: the served model went A, B, A, or the GPUs
-        or GPU kind moved back), the current file kept aside in its place; False where
+        and learned on ``observation``'s supported clocks in its role (``.other-*``: the
+        served model went A, B, A, or the GPUs, GPU kind or pool role moved back), the
+        current file kept aside in its place; False where
         none is kept (a name still unknown has no model of its own). Another domain's
         state file for exactly ``key`` and ``clocks`` is taken over the same way: the
         domain was renamed in the config, and its model was learned anew under the new
@@ -442,6 +467,7 @@ class PersistentOnlineModel(ControllerWrapper):
         putting one back moves files)."""
         if key.model_name is None or self.read_only:
             return False
+        clocks = observation.supported_clocks_mhz
         kept = _newest_first(self.path.parent.glob(f"{self.path.name}.other-*"))
         # Another domain's state file holding exactly this key: the same domain renamed in
         # the config (no two domains share a GPU, so it is no live domain's model). Looked
@@ -478,6 +504,8 @@ class PersistentOnlineModel(ControllerWrapper):
                 payload["key"].get("model_name"),
             )
             if stored != key or not _same_clocks(payload["model"]["clocks_mhz"], clocks):
+                continue
+            if stored_role(payload) != observation.role:
                 continue
             if candidate in renamed and not _named_by_uuid(stored):
                 # GPUs keyed by index (nvidia-smi, a simulated run's "0") name no board: a
@@ -698,9 +726,7 @@ class PersistentOnlineModel(ControllerWrapper):
             # The engine's first real name: the same model as far as we know.
             self.key = ModelKey(self.gpu_uuids, name)
             self.inner.model_name = name
-            if self._can_take_back_now() and self._take_back(
-                self.key, observation.supported_clocks_mhz
-            ):
+            if self._can_take_back_now() and self._take_back(self.key, observation):
                 # Nothing was restored while the name was unknown (no kept model can be
                 # picked without it): a node whose daemon started before its engine
                 # goes on from the model kept for this key, not one learned anew.

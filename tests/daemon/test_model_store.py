@@ -187,6 +187,50 @@ def test_a_prefill_pools_model_is_saved_and_survives_a_restart(
     assert "role must be one of colocated, prefill, decode" in capsys.readouterr().err
 
 
+def test_a_model_learned_in_another_role_is_kept_aside_not_called_corrupt(
+    tmp_path: Path,
+) -> None:
+    """A prefill pool's model (it learns no decode latency) found by the domain serving
+    colocated (or decode) after a restart: it was refused as predicting a decode iteration
+    of 0 s and renamed corrupt, so the pool never had it back. It is kept aside as another
+    role's, and put back when the domain is a prefill pool again."""
+
+    def controller() -> OnlineMPCController:
+        return OnlineMPCController(mean_prompt_tokens=2000.0, mean_output_tokens=1.0, warmup_s=10.0)
+
+    first = PersistentOnlineModel(controller(), tmp_path, "llm", GPUS)
+    simulate(_prompts_only(120, 0), make_plant(), chunked_prefill_scheduler, PrefillPool(first), 0)
+    first.close()
+    learned = first.inner.model
+    assert learned is not None and learned.warmed_up
+    colocated = PersistentOnlineModel(_controller(), tmp_path, "llm", GPUS)
+    colocated(_idle(0.0, name="llama"))
+    assert not colocated.restored
+    (said,) = [m for m in colocated.messages if "pool" in m]
+    assert "learned in a prefill pool, this domain is colocated" in said
+    assert "not applied; kept as online-model-llm.json.other-" in said
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+    simulate(
+        poisson_requests(30.0),
+        make_plant(),
+        chunked_prefill_scheduler,
+        Named(colocated, "llama"),
+        0,
+    )
+    colocated.close()
+    assert read_stored(model_path(tmp_path, "llm"))["role"] == "colocated"
+    # A prefill pool again: its model is put back, the colocated one kept in its place.
+    back = PersistentOnlineModel(controller(), tmp_path, "llm", GPUS)
+    back(_idle(0.0, name="llama", role="prefill"))
+    assert back.restored, back.messages
+    assert any("put back the model kept as" in m for m in back.messages), back.messages
+    model = back.inner.model
+    assert model is not None and model.warmed_up and model.samples == learned.samples
+    (kept,) = tmp_path.glob("online-model-llm.json.other-*")
+    assert read_stored(kept)["role"] == "colocated"
+    assert not list(tmp_path.glob("online-model-llm.json.corrupt-*"))
+
+
 def test_the_same_gpus_listed_in_another_order_keep_the_model(tmp_path: Path) -> None:
     """A domain's GPUs named in another order (indices that changed order across a reboot,
     a config rewritten with UUIDs) are the same domain: its model is restored, not kept
