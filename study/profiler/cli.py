@@ -22,11 +22,12 @@ from gpugov.plant.input_files import plain_number_text
 if TYPE_CHECKING:
     from gpugov.daemon.lockstate import LockState
 
-EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_INTERRUPTED = (
+EXIT_RUNTIME, EXIT_PERMISSION, EXIT_NO_GPU, EXIT_GPU_LOST, EXIT_NOT_RESET, EXIT_INTERRUPTED = (
     ExitCode.FAILURE,
     ExitCode.PERMISSION,
     ExitCode.NO_GPU,
     ExitCode.GPU_LOST,
+    ExitCode.NOT_RESET,
     ExitCode.INTERRUPTED,
 )
 
@@ -445,6 +446,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if lock_state is not None:
             lock_state.release()
     _print_written(manifest)
+    if getattr(sweep, "unreset", ()):
+        # Measured and written, but a GPU may be left locked: said last, as run's exit 6.
+        return fail(_reset_words(sweep, args), EXIT_NOT_RESET)
     return 0
 
 
@@ -680,7 +684,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "iteration time at several batches and contexts, idle/prefill/decode power and the "
         "realised clock; write a profile (CSV + manifest) usable as mpc:PATH. Exit codes: "
         "0 ok, 1 run-time failure, 2 usage error, 3 permission denied, 4 no GPU, 5 GPU lost, "
-        "130 interrupted (--resume continues).",
+        "6 a GPU's clocks not reset at the end (named), 130 interrupted, 143 terminated "
+        "(--resume continues).",
     )
     parser.add_argument(
         "--engine-url",
