@@ -346,9 +346,9 @@ class Sweep:
             ProfileRunError: naming the clock, the measurement and the clock it ran at.
         """
         clocks = [
-            r.top_sm_clock_mhz or r.sm_clock_mhz
+            clock
             for r in readings
-            if (r.top_sm_clock_mhz or r.sm_clock_mhz)
+            if (clock := r.top_sm_clock_mhz or r.sm_clock_mhz) is not None and clock > 0.0
         ]
         if requested_mhz is None or not clocks or not self.backends:
             return  # a dry run locks nothing
