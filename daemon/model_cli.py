@@ -332,16 +332,20 @@ def describe(
             if model.samples
             else f"{'-':>20} {'-':>17}"  # only the prior: 1e12 tok/s +- 5e21 with no hint
         )
-        lines.append(
-            f"  {clock:9.0f} {int(model.visits[index]):7d} {latencies} "
+        watts = (
             f"{powers[0]:10.0f} {powers[1]:9.0f} {powers[2]:7.0f}"
+            if model.power.samples
+            else f"{'-':>10} {'-':>9} {'-':>7}"  # only the power prior's placeholder
         )
+        lines.append(f"  {clock:9.0f} {int(model.visits[index]):7d} {latencies} {watts}")
     lines.append(
         f"  (decode iteration at batch {REFERENCE_BATCH}, context {context:.0f} tokens; "
         "+- one standard deviation)"
         if model.samples
         else "  (no latency learned yet: no busy window since it started learning)"
     )
+    if not model.power.samples:
+        lines.append("  (no power learned yet: no window with a power reading)")
     return "\n".join(lines)
 
 
@@ -363,7 +367,8 @@ def export(
     differ, it is left out (:func:`board_name` says why). ``gpu_uuids`` lists the GPUs.
 
     Raises:
-        ModelCliError: no latency learned yet, or no SLOs to write, stored or given.
+        ModelCliError: no latency or no power learned yet, or no SLOs to write, stored or
+            given.
         UsageError: ``out`` cannot be made or written in.
     """
     if model.samples == 0:
@@ -374,6 +379,13 @@ def export(
             f"domain {domain}: the model has learned no latency yet (0 samples: no busy "
             "window since it started learning); nothing to export until the node serves "
             "traffic"
+        )
+    if model.power.samples == 0:
+        # The GPUs gave no power reading (none, or none with an energy counter): the power
+        # part is only the prior's placeholder, which was exported as identified curves.
+        raise ModelCliError(
+            f"domain {domain}: the model has learned no power yet (0 power samples: no "
+            "window with a power reading); nothing to export until the GPUs report power"
         )
     slos = payload.get("slos") or {}
     ttft = ttft_slo_s or slos.get("ttft_slo_s")
