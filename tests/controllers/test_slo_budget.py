@@ -264,14 +264,15 @@ def test_mpc_online_spends_the_budget_where_it_is_ahead() -> None:
 
 
 def test_mpc_online_gives_the_budget_back_where_it_is_behind() -> None:
-    # At 7 requests/s the learned controller without a target loses most of a point of
-    # attainment on this plant: more than half the 1 % budget, so the misses put the
-    # budget behind its target.
+    # At 7.3 requests/s the learned controller without a target loses more than half the
+    # 1 % budget on this plant (the run is deterministic), so the misses put the budget
+    # behind its target. (At 7.0 it did until the decode descent held an arriving
+    # prompt's bound: 98.98 % then, 99.89 % now.)
     target = SLOTarget(attainment=0.99, window_s=120.0)
-    unheld, _ = _loop(7.0, None)
+    unheld, _ = _loop(7.3, None)
     assert unheld.metrics.slo_attainment < 1.0 - 0.5 * (1.0 - target.attainment)
     looseness: list[float] = []
-    result, controller = _loop(7.0, target, looseness)
+    result, controller = _loop(7.3, target, looseness)
     assert controller.budget is not None
     tightest = controller.budget.tightest
     # Behind, it tightened all the way (z / 0.7 on the model's uncertainty) ...
