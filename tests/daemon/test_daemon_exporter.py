@@ -485,6 +485,33 @@ def test_the_estimated_request_energy_histogram_is_valid_openmetrics() -> None:
     assert shown == [[1, 3, 41, 213], [1, 4, 41, 214]]
 
 
+def _outside_domain(monkeypatch: pytest.MonkeyPatch, url: str, make: Any) -> Any:
+    """One domain on a fake GPU whose controller is an outside package's, ``make`` its
+    factory (a module of its own), reading the vLLM page at ``url``: its assembled domains."""
+    import types
+
+    plugin = types.ModuleType("gpugov_outside_status_plugin")
+    plugin.make = make  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpugov_outside_status_plugin", plugin)
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": url, "timeout_s": 0.9},
+                    "controller": {
+                        "kind": "external",
+                        "factory": "gpugov_outside_status_plugin:make",
+                    },
+                }
+            ],
+        }
+    )
+    return domains_from_config(config, nvml=FakeNvml(1))
+
+
 class _StatusReporting:
     """An outside controller (the top clock) with a ``status()`` of its own: a dict that
     is not mpc-online's, or an error."""
@@ -515,26 +542,12 @@ def test_an_outside_controllers_own_status_neither_breaks_a_scrape_nor_the_loop(
     """A controller from another package with a ``status()`` method is taken for a learner
     and its status exported as the learned model's. A status of other values made every
     scrape a 500 (a traceback on stderr); one that raised ended the run."""
-    import types
-
     _StatusReporting.answered = 0
-    plugin = types.ModuleType("gpugov_status_plugin")
-    plugin.make = lambda context: _StatusReporting(context.supported_clocks_mhz, raises)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpugov_status_plugin", plugin)
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
-                    "controller": {"kind": "external", "factory": "gpugov_status_plugin:make"},
-                }
-            ],
-        }
+    assembled = _outside_domain(
+        monkeypatch,
+        vllm_server.url,
+        lambda context: _StatusReporting(context.supported_clocks_mhz, raises),
     )
-    assembled = domains_from_config(config, nvml=FakeNvml(1))
     pages: list[str] = []
     with Exporter("127.0.0.1", 0) as exporter:
 
@@ -634,26 +647,12 @@ def test_an_outside_controllers_hung_status_does_not_hold_the_loop(
     """On a node an outside controller's ``status()`` is waited for briefly on a worker
     thread, as its decisions are: one that blocks is said once and the ticks and scrapes
     go on (each tick's snapshot waited for it as long as it blocked)."""
-    import types
-
     _RELEASE_STATUS.clear()
-    plugin = types.ModuleType("gpugov_hung_status_plugin")
-    plugin.make = lambda context: _HungStatus(context.supported_clocks_mhz, raises=False)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "gpugov_hung_status_plugin", plugin)
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
-                    "controller": {"kind": "external", "factory": "gpugov_hung_status_plugin:make"},
-                }
-            ],
-        }
+    assembled = _outside_domain(
+        monkeypatch,
+        vllm_server.url,
+        lambda context: _HungStatus(context.supported_clocks_mhz, raises=False),
     )
-    assembled = domains_from_config(config, nvml=FakeNvml(1))
     pages: list[str] = []
     try:
         with Exporter("127.0.0.1", 0) as exporter, caplog.at_level(logging.WARNING):
