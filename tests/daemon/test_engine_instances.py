@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 
 import pytest
 from daemon_support import fixture_text
@@ -182,9 +183,11 @@ def test_a_restart_is_said_once_and_a_url_that_flips_once_a_minute(
     assert len(said) == 3, [r.getMessage() for r in said]
     assert said[0].levelno == logging.INFO
     assert said[1].levelno == logging.WARNING
-    assert "more in the 60 s before were not logged: does this URL reach several engines" in (
-        said[1].getMessage()
-    )
+    # 58 or 60 s: each scrape's time carries the wall time its GPU reads took.
+    assert re.search(
+        r"more in the (58|60) s before were not logged: does this URL reach several engines",
+        said[1].getMessage(),
+    ), said[1].getMessage()
 
 
 def test_creation_times_new_at_every_scrape_are_no_engine_identity(
