@@ -9,9 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+from gpugov.daemon.engine_pools import DYNAMO_MARK, DYNAMO_SERIES
 from gpugov.daemon.engines import (
-    DYNAMO_MARK,
-    DYNAMO_SERIES,
     SPECS,
     TGI_BEFORE_FIRST_REQUEST,
     EngineKind,

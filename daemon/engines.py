@@ -2,9 +2,10 @@
 and :class:`EngineSource` protocol the observer reads, each engine's sample names
 (:class:`EngineSpec`: ``VLLM``, ``SGLANG``, ``TGI``), their extraction from the series
 :mod:`daemon.exposition` parsed (:func:`extract`), the engine's detection from its metric
-names and the pool role its labels state. No I/O: the sources that fetch a page and read it
-with these are :mod:`daemon.engine_sources`. The derivations from these cumulative values to
-a ``ServingObservation`` live in :mod:`daemon.observer` and ``docs/daemon.md``.
+names and the pool role its labels state (:mod:`daemon.engine_pools`). No I/O: the sources
+that fetch a page and read it with these are :mod:`daemon.engine_sources`. The derivations
+from these cumulative values to a ``ServingObservation`` live in :mod:`daemon.observer` and
+``docs/daemon.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.daemon.attainment import Buckets
+from gpugov.daemon.engine_pools import DISAGGREGATION_SERIES, QUEUE_GAUGES, disaggregation_fields
 from gpugov.daemon.errors import EngineParseError
 from gpugov.daemon.exposition import (
     RANK_LABELS,
@@ -24,6 +26,7 @@ from gpugov.daemon.exposition import (
     Series,
     aggregate,
     escape_label_value,
+    summed,
 )
 
 EngineKind = Literal["vllm", "sglang", "tgi"]
@@ -701,7 +704,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     check_values(series, source)
     requests = (*spec.running, *spec.waiting, *spec.waiting_also, *QUEUE_GAUGES.get(spec.kind, ()))
     check_request_gauges(series, requests, source)
-    waiting += _summed(series, spec.waiting_also) or 0.0
+    waiting += summed(series, spec.waiting_also) or 0.0
     usage = _first(series, spec.kv_usage, how="mean")
     if usage is not None and usage > 1.0 + 1e-6:
         raise EngineParseError(
@@ -769,7 +772,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
         created=created_times(series, spec.created()),
     )
-    return with_disaggregation(spec, series, sample)
+    return dataclasses.replace(sample, **disaggregation_fields(spec.kind, series))  # type: ignore[arg-type]
 
 
 def created_times(series: Series, names: Iterable[str]) -> tuple[tuple[str, float], ...] | None:
@@ -835,131 +838,3 @@ def detect_engine_on_page(text: str) -> EngineKind | None:
         if re.search(rf"(?m)^[ \t]*{re.escape(prefix)}", text):
             return kind
     return None
-
-
-# ---------------------------------------------------------- disaggregated serving
-VLLM_NIXL_TRANSFER = "vllm:nixl_xfer_time_seconds"
-VLLM_NIXL_BYTES = "vllm:nixl_bytes_transferred"
-VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
-VLLM_PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-VLLM_WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
-SGLANG_TRANSFER_QUEUES = (
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-)
-SGLANG_BOOTSTRAP_QUEUES = (
-    "sglang:num_prefill_prealloc_queue_reqs",
-    "sglang:num_prefill_bootstrap_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-)
-SGLANG_TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"
-SGLANG_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"
-
-DISAGGREGATION_SERIES: dict[str, tuple[str, ...]] = {
-    "vllm": (
-        f"{VLLM_NIXL_TRANSFER}_count",
-        f"{VLLM_NIXL_TRANSFER}_sum",
-        f"{VLLM_NIXL_BYTES}_sum",
-        VLLM_NIXL_FAILED,
-        VLLM_PROMPT_BY_SOURCE,
-        VLLM_WAITING_BY_REASON,
-    ),
-    "sglang": (
-        *SGLANG_TRANSFER_QUEUES,
-        *SGLANG_BOOTSTRAP_QUEUES,
-        SGLANG_TRANSFER_FAILED,
-        SGLANG_TRANSFER_LATENCY_MS,
-        f"{SGLANG_TRANSFER_LATENCY_MS}_count",
-        f"{SGLANG_TRANSFER_LATENCY_MS}_sum",
-    ),
-}
-"""The disaggregated-serving sample names each engine's extraction also reads (vLLM's
-NIXL connector metrics and prompt sources, SGLang's PD queues and transfer series);
-a page without them parses as before."""
-
-QUEUE_GAUGES: dict[str, tuple[str, ...]] = {
-    "vllm": (VLLM_WAITING_BY_REASON,),
-    "sglang": (*SGLANG_TRANSFER_QUEUES, *SGLANG_BOOTSTRAP_QUEUES),
-}
-"""Each engine's gauges of requests besides its running and waiting ones
-(:func:`check_request_gauges`)."""
-
-DYNAMO_MARK = "dynamo_component"
-DYNAMO_SERIES = frozenset({"dynamo_component_requests_total", "dynamo_component_inflight_requests"})
-"""A Dynamo worker's own series: its ``dynamo_component`` label names the worker's role."""
-
-ROLE_LABELS: dict[str, dict[str, str]] = {
-    "engine_type": {"prefill": "prefill", "decode": "decode", "unified": "colocated"},
-    "dynamo_component": {"prefill": "prefill", "decode": "decode", "decoder": "decode"},
-}
-"""Labels whose value states the pool role, and the role each value means: SGLang's
-``engine_type`` (``unified`` is a colocated engine), Dynamo's worker component. Dynamo
-names both an aggregated worker and a disaggregated decode worker ``backend``, so that
-value (and any other) says nothing."""
-
-
-def page_role(series: Series) -> str | None:
-    """The pool role the page's labels state (:data:`ROLE_LABELS`), or None when they
-    state none or disagree with each other (a page that mixes prefill and decode).
-
-    ``colocated`` (SGLang's ``unified``) beside one pool role is that pool: SGLang
-    releases write ``unified`` in every mode, so behind a Dynamo prefill worker it says
-    nothing against the worker's ``prefill``."""
-    roles: set[str] = set()
-    for rows in series.values():
-        for labels, _ in rows:
-            for label, meaning in ROLE_LABELS.items():
-                value = labels.get(label)
-                if value is not None and value in meaning:
-                    roles.add(meaning[value])
-    if len(roles) == 2 and "colocated" in roles:
-        roles.discard("colocated")
-    return roles.pop() if len(roles) == 1 else None
-
-
-def _labelled(series: Series, name: str, label: str, value: str) -> float | None:
-    """:func:`aggregate` over the rows of ``name`` whose ``label`` is ``value``."""
-    rows = [(labels, v) for labels, v in series.get(name) or () if labels.get(label) == value]
-    return aggregate({name: rows}, name) if rows else None
-
-
-def _count(value: float | None) -> int | None:
-    return None if value is None else round(value)
-
-
-def _summed(series: Series, names: Iterable[str]) -> float | None:
-    """The sum of every present name's aggregate, or None when none is present."""
-    values = [aggregate(series, name) for name in names]
-    present = [value for value in values if value is not None]
-    return sum(present) if present else None
-
-
-def with_disaggregation(spec: EngineSpec, series: Series, sample: EngineSample) -> EngineSample:
-    """``sample`` with the role its labels state and its engine's KV transfer series
-    (``docs/disaggregated.md``); series a page lacks stay None, unknown ones are ignored."""
-    update: dict[str, object] = {"role": page_role(series)}
-    if spec.kind == "vllm":
-        update.update(
-            kv_transfers_total=aggregate(series, f"{VLLM_NIXL_TRANSFER}_count"),
-            kv_transfer_seconds_total=aggregate(series, f"{VLLM_NIXL_TRANSFER}_sum"),
-            kv_transfer_bytes_total=aggregate(series, f"{VLLM_NIXL_BYTES}_sum"),
-            kv_transfer_failures_total=aggregate(series, VLLM_NIXL_FAILED),
-            waiting_deferred_requests=_count(
-                _labelled(series, VLLM_WAITING_BY_REASON, "reason", "deferred")
-            ),
-            prompt_tokens_external_total=_labelled(
-                series, VLLM_PROMPT_BY_SOURCE, "source", "external_kv_transfer"
-            ),
-        )
-    elif spec.kind == "sglang":
-        latency_ms = aggregate(series, f"{SGLANG_TRANSFER_LATENCY_MS}_sum")
-        gauge_ms = aggregate(series, SGLANG_TRANSFER_LATENCY_MS, "mean")
-        update.update(
-            kv_transfers_total=aggregate(series, f"{SGLANG_TRANSFER_LATENCY_MS}_count"),
-            kv_transfer_seconds_total=None if latency_ms is None else latency_ms / 1000.0,
-            kv_transfer_latency_s=None if gauge_ms is None else gauge_ms / 1000.0,
-            kv_transfer_failures_total=aggregate(series, SGLANG_TRANSFER_FAILED),
-            kv_transfer_queue_requests=_count(_summed(series, SGLANG_TRANSFER_QUEUES)),
-            kv_bootstrap_queue_requests=_count(_summed(series, SGLANG_BOOTSTRAP_QUEUES)),
-        )
-    return dataclasses.replace(sample, **update)  # type: ignore[arg-type]

@@ -251,6 +251,13 @@ def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None
     return total / len(groups) if how == "mean" else total
 
 
+def summed(series: Series, names: Iterable[str]) -> float | None:
+    """The sum of every present name's aggregate, or None when none is present."""
+    values = [aggregate(series, name) for name in names]
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
 __all__ = [
     "BLOCK_CHARS",
     "CHECK_EVERY",
@@ -261,6 +268,8 @@ __all__ = [
     "Series",
     "SeriesCache",
     "aggregate",
+    "escape_label_value",
     "parse_page",
     "sample_name",
+    "summed",
 ]

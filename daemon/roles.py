@@ -1,7 +1,7 @@
 """Pool roles of disaggregated serving: what a prefill or a decode domain is judged on.
 
 A domain's role (``docs/disaggregated.md``) comes from its config, else from the labels
-its engine's page carries (:func:`daemon.engines.page_role`), else it is ``colocated``.
+its engine's page carries (:func:`daemon.engine_pools.page_role`), else it is ``colocated``.
 A prefill domain is judged on TTFT (its queue and prompt backlog), a decode domain on
 TPOT (its running batch and context): :class:`RoleView` shows the controller the
 observation as its role sees it, and :func:`role_weights` switches the MPC cost term of
