@@ -11,8 +11,9 @@ states no size (``deepseek-ai/DeepSeek-V3``, ``microsoft/phi-4``) rather than gu
 What counts as a size: a number directly followed by ``B`` (billions) or ``M``
 (millions, 50M or more: ``1M`` is a context length), standing alone between separators
 (``-``, ``_``, ``/``, ``.``, space, brackets): ``70B``, ``7b``, ``1.5B``, ``0.5B``,
-``405B``, ``135M``. ``NxMB`` is a mixture of ``N`` experts of an ``M``-billion model
-(``8x7B``, ``8x22B``); ``A3B``/``A22B`` (``A800M``) gives the parameters active per token. A
+``405B``, ``135M``, and ``1_8B`` (an underscore for the point). ``NxMB`` is a mixture of
+``N`` experts of an ``M``-billion model (``8x7B``, ``8x22B``); ``A3B``/``A22B``
+(``A800M``) gives the parameters active per token. A
 version (``v0.1``, ``3.1``), a date (``2407``), a context length (``128k``, ``1M``), a
 quantisation (``4bit``, ``bf16``) or a GPU (``A100``) is not a size.
 
@@ -37,6 +38,12 @@ _NUMBER = r"(\d{1,5}(?:\.\d{1,3})?)"
 MIXTURE = re.compile(rf"{_EDGE_BEFORE}(\d{{1,3}})[xX]{_NUMBER}([bB]){_EDGE_AFTER}")
 ACTIVE = re.compile(rf"{_EDGE_BEFORE}[aA]{_NUMBER}([bBmM]){_EDGE_AFTER}")
 PLAIN = re.compile(rf"{_EDGE_BEFORE}{_NUMBER}([bBmM]){_EDGE_AFTER}")
+UNDERSCORE_POINT = re.compile(
+    r"(?<![A-Za-z0-9._])([aA]?\d{1,3})_(\d{1,3})(?=[bBmM](?![A-Za-z0-9]))"
+)
+"""A size written with an underscore for its decimal point (``Qwen-1_8B``,
+``internlm2-chat-1_8b``, ``stablelm-2-1_6b``): read as ``1.8B``. Not after a digit and an
+underscore, where the first number is a version (``Qwen2_5_7B`` is 7B)."""
 
 SHARED_FRACTION = 0.22
 """Of an ``NxMB`` mixture's ``M``-billion base model, the share every token uses
@@ -134,6 +141,7 @@ def size_of_one_name(name: str) -> ModelSize | None:
     """
     if not name:
         return None
+    name = UNDERSCORE_POINT.sub(r"\1.\2", name)
     stated = _plain_sizes(name)
     for pattern, published in PUBLISHED_SIZES:
         if pattern.search(name) and all(

@@ -33,6 +33,10 @@ from gpugov.controllers.online.model_names import (
         ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1.5),
         ("Llama-3.2-3B-Instruct (BF16, TP=1)", 3.0),  # a bundled profile's model
         ("llama-7b-A100-tuned", 7.0),  # "A100" is a GPU, not an active size
+        ("Qwen/Qwen-1_8B-Chat", 1.8),  # an underscore for the decimal point
+        ("internlm/internlm2_5-1_8b-chat", 1.8),  # "2_5" is a version
+        ("stabilityai/stablelm-2-1_6b", 1.6),
+        ("Qwen2_5_7B_Instruct", 7.0),  # "2_5" a version in an underscored name
     ],
 )
 def test_a_dense_size(name: str, params_b: float) -> None:
