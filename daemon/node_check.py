@@ -559,7 +559,7 @@ def _check_domain(
             report.problems.append(error)
             clocks = ()
         labels = ", ".join(b.label for b in backends)
-        from gpugov.daemon.service import gpu_names
+        from gpugov.daemon.service import check_configured_clocks, gpu_names
 
         names = gpu_names(backends)
         if not clocks:
@@ -574,15 +574,11 @@ def _check_domain(
                 f"domain {domain.name}: GPU {labels} ({', '.join(sorted(set(names))) or '?'}): "
                 f"{len(clocks)} supported clocks, {clocks[0]:g}-{clocks[-1]:g} MHz"
             )
-        floor = domain.safety.floor_mhz
-        if floor is not None and clocks and floor > clocks[-1]:
+        try:
             # The refusal of daemon.service.build_domain, word for word.
-            report.problems.append(
-                ConfigError(
-                    f"domain {domain.name!r}: safety.floor_mhz ({floor:g} MHz) is above the "
-                    f"top supported clock of its GPUs ({clocks[-1]:g} MHz)"
-                )
-            )
+            check_configured_clocks(domain.name, domain.safety.floor_mhz, domain.controller, clocks)
+        except ConfigError as error:
+            report.problems.append(error)
         if domain.power_budget_w is None and domain.power_budget_file is None:
             pass  # no power limit to read
         elif report.hung:

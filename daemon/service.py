@@ -20,7 +20,11 @@ from gpugov.controllers.contract import layers
 from gpugov.daemon.actuator import CLOCK_WRITE_DEADLINE_S, ClockActuator, ExternalPolicy, LockMode
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.config import DaemonSection, DomainConfig, GpugovConfig, controller_state_dir
-from gpugov.daemon.controller_config import ControllerConfig, OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import (
+    ControllerConfig,
+    FixedControllerConfig,
+    OnlineMPCControllerConfig,
+)
 from gpugov.daemon.controller_spec import spec_name
 from gpugov.daemon.deadline import WRITE_DEADLINE_S, CallTimeout, DecisionTimeout, SerialCalls
 from gpugov.daemon.decide import (
@@ -462,12 +466,7 @@ def build_domain(
             f"domain {name!r}: its GPUs ({', '.join(b.label for b in backends)}) have no "
             "supported SM clock in common; clock locking is not possible"
         )
-    floor_mhz = safety.floor_mhz
-    if floor_mhz is not None and clocks and floor_mhz > clocks[-1]:
-        raise ConfigError(
-            f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
-            f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
-        )
+    check_configured_clocks(name, safety.floor_mhz, controller_spec, clocks)
     check_configured_cap(
         name,
         getattr(controller_spec, "cap_w", None),
@@ -547,6 +546,32 @@ def build_domain(
         budget=budget or PowerBudget(name),
         power_limits=power_limits,
     )
+
+
+def check_configured_clocks(
+    name: str, floor_mhz: float | None, spec: ControllerConfig, clocks: Sequence[float]
+) -> None:
+    """Refuse a clock the domain's config sets that its GPUs cannot run (``clocks``: their
+    supported clocks, ascending): ``safety.floor_mhz`` above the top one, a ``fixed``
+    controller's ``clock_mhz`` outside their range (it was locked at the nearest end in
+    silence, where ``simulate`` and ``replay`` refuse it). ``run`` and ``check-config``
+    both refuse through this, in one line.
+
+    Raises:
+        ConfigError: naming the domain, the field and the GPUs' clocks.
+    """
+    if not clocks:
+        return
+    if floor_mhz is not None and floor_mhz > clocks[-1]:
+        raise ConfigError(
+            f"domain {name!r}: safety.floor_mhz ({floor_mhz:g} MHz) is above the top "
+            f"supported clock of its GPUs ({clocks[-1]:g} MHz)"
+        )
+    if isinstance(spec, FixedControllerConfig) and not clocks[0] <= spec.clock_mhz <= clocks[-1]:
+        raise ConfigError(
+            f"domain {name!r}: controller.clock_mhz ({spec.clock_mhz:g} MHz) is outside the "
+            f"supported clocks of its GPUs ({clocks[0]:g}-{clocks[-1]:g} MHz)"
+        )
 
 
 def probe_role(source: Any, domain: str) -> str | None:

@@ -61,6 +61,18 @@ REFUSED = {
     "missing GPU UUID": ("", 'gpus = ["GPU-nope"]', "", 4),
     "one GPU by index and by UUID": ("", 'gpus = [0, "GPU-fake-0000"]', "", 2),
     "floor above the top clock": ("", "", "[domains.safety]\nfloor_mhz = 2500\n", 2),
+    "fixed clock above the top clock": (
+        "",
+        "",
+        '[domains.controller]\nkind = "fixed"\nclock_mhz = 2500\n',
+        2,
+    ),
+    "fixed clock below the lowest clock": (
+        "",
+        "",
+        '[domains.controller]\nkind = "fixed"\nclock_mhz = 100\n',
+        2,
+    ),
     "missing plan file": (
         "",
         "",
@@ -249,12 +261,37 @@ def test_a_good_config_passes_both_and_check_config_names_the_gpus(
     assert _run_code(path) == -1
 
 
-def test_the_floor_refusal_is_runs_own_line(
-    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("tables", "field", "said"),
+    [
+        ("[domains.safety]\nfloor_mhz = 2500\n", "safety.floor_mhz", "2500 MHz"),
+        # Locked at 1980 MHz and at 345 MHz in silence, where simulate and replay refuse it.
+        (
+            '[domains.controller]\nkind = "fixed"\nclock_mhz = 2500\n',
+            "controller.clock_mhz",
+            "2500 MHz",
+        ),
+        (
+            '[domains.controller]\nkind = "fixed"\nclock_mhz = 100\n',
+            "controller.clock_mhz",
+            "100 MHz",
+        ),
+    ],
+)
+def test_a_clock_refusal_is_runs_own_line(
+    tables: str,
+    field: str,
+    said: str,
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    path = _write(tmp_path, tables="[domains.safety]\nfloor_mhz = 2500\n")
+    """A clock the domain's config sets outside its GPUs' supported range is refused by
+    run and by check-config in one and the same line."""
+    path = _write(tmp_path, tables=tables)
     assert _run_code(path) == 2
     run_line = capsys.readouterr().err.strip()
+    assert f"domain 'llm': {field} ({said})" in run_line and "1980 MHz" in run_line
     assert node_cli.main(["check-config", str(path)]) == 2
     assert run_line in capsys.readouterr().err.splitlines()
 
