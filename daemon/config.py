@@ -557,23 +557,26 @@ class GpugovConfig(FrozenModel):
 
     @model_validator(mode="after")
     def _domains_are_disjoint(self) -> GpugovConfig:
-        names: set[str] = set()
+        names: dict[str, int] = {}
         gpus: dict[str, str] = {}
-        for domain in self.domains:
+        for index, domain in enumerate(self.domains):
             if domain.name in names:
-                raise ValueError(f"domain name {domain.name!r} is used twice")
-            names.add(domain.name)
+                raise ValueError(
+                    f"domains[{index}].name: {domain.name!r} is domains[{names[domain.name]}]'s "
+                    "name too; give each domain its own"
+                )
+            names[domain.name] = index
             for gpu in domain.gpus:
                 key = str(gpu)
                 if gpus.get(key) == domain.name:
                     raise ValueError(
-                        f"GPU {key} is listed twice in domain {domain.name!r} (its gpus); "
-                        "list each GPU once"
+                        f"domains[{index}].gpus: GPU {key} is listed twice in domain "
+                        f"{domain.name!r}; list each GPU once"
                     )
                 if key in gpus:
                     raise ValueError(
-                        f"GPU {key} is in domains {gpus[key]!r} and {domain.name!r}; "
-                        "a GPU belongs to one domain"
+                        f"domains[{index}].gpus: GPU {key} is in domains {gpus[key]!r} and "
+                        f"{domain.name!r}; a GPU belongs to one domain"
                     )
                 gpus[key] = domain.name
         return self
@@ -716,8 +719,17 @@ def validation_problems(error: ValidationError, source: str) -> list[str]:
             loc.append(str(item["ctx"]["discriminator"]).strip("'"))
             message = tagged
         message = message.removeprefix("Value error, ")
-        lines.append(f"{source}: {_path(tuple(loc))}: {message}")
+        if not loc and _FIELD_FIRST.match(message):
+            # A problem of two fields (a validator of the whole file) names the field
+            # its line starts with; "(top level)" named none.
+            lines.append(f"{source}: {message}")
+        else:
+            lines.append(f"{source}: {_path(tuple(loc))}: {message}")
     return lines
+
+
+_FIELD_FIRST = re.compile(r"(?:daemon|domains\[\d+\])(?:\.[a-z_]+|\[\d+\])*[ :]")
+"""A message that starts with the field it is about (``domains[1].gpus: ...``)."""
 
 
 _TABLE_TYPES = ("model_type", "model_attributes_type", "dict_type")
