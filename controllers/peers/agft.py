@@ -20,7 +20,9 @@ What this keeps (our code, written from those facts):
   to ``2 (1 - min(2, EDP / baseline))`` in [-2, 2]; a window over either SLO earns -2;
 * "extreme" pruning: an arm whose mean reward is at or below -1.2 after 3 samples is
   dropped with every clock below it when it lies under half the top clock (the source's
-  cascade).
+  cascade);
+* the rest mode: after 3 decisions in a row with nothing on the engine, the lowest
+  clock (the source's 210 MHz) and no learning, until a request runs again.
 
 Simplified: the arms are at most ``max_arms`` (16) clocks spread over the supported range
 rather than every 15 MHz (the scoreboard's runs are minutes, not the hours AGFT learns
@@ -41,6 +43,7 @@ from gpugov.controllers.peers.common import (
     CounterTracker,
     clocks_of,
     finite,
+    has_work,
     tpot_ratio,
     ttft_ratio,
 )
@@ -91,9 +94,16 @@ class AGFTController:
         baseline_windows: int = 10,
         prune_reward: float = -1.2,
         prune_samples: int = 3,
+        idle_confirmations: int = 3,
     ) -> None:
         if max_arms < 2:
             raise ValueError(f"agft: max_arms must be >= 2, got {max_arms!r}")
+        if idle_confirmations < 1:
+            raise ValueError(f"agft: idle_confirmations must be >= 1, got {idle_confirmations!r}")
+        self.idle_confirmations = idle_confirmations
+        self._idle_decisions = 0
+        self.resting = False
+        """The last decision was the rest mode's (the lowest clock, no learning)."""
         self.max_arms = max_arms
         self.initial_alpha = initial_alpha
         self.alpha_decay = alpha_decay
@@ -192,6 +202,16 @@ class AGFTController:
                 best, best_score = arm, score
         return best
 
+    def _rests(self, observation: ServingObservation) -> bool:
+        """AGFT's rest mode: true from the ``idle_confirmations``-th decision in a row
+        with nothing running or waiting on the engine until work returns (the source then
+        parks the GPU low and skips learning, so idle windows teach no arm)."""
+        if has_work(observation):
+            self._idle_decisions = 0
+            return False
+        self._idle_decisions += 1
+        return self._idle_decisions >= self.idle_confirmations
+
     def __call__(self, observation: ServingObservation) -> float:
         clocks = clocks_of(observation, "agft")
         if not self.arms:
@@ -202,7 +222,12 @@ class AGFTController:
                 self._count[arm] = 0
                 self._reward_sum[arm] = 0.0
         deltas = self._counters.update(observation)
-        reward = self.reward(observation, deltas.energy_j)
+        rested, self.resting = self.resting, self._rests(observation)
+        if self.resting:
+            self._last = None
+            return clocks[0]
+        # The window just spent resting is no baseline window and earns no arm a reward.
+        reward = None if rested else self.reward(observation, deltas.energy_j)
         if reward is not None and self._last is not None:
             self._learn(*self._last, reward)
         context = self._context(

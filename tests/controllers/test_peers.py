@@ -228,6 +228,28 @@ def test_agft_learns_to_prefer_the_rewarded_arm() -> None:
     assert agft._choose(context) == good
 
 
+def test_agft_rests_at_the_lowest_clock_while_idle_and_learns_nothing_there() -> None:
+    agft = AGFTController(baseline_windows=1)
+    idle = {"decode_active": 0, "waiting_requests": 0, "tpot_recent_s": None}
+    # Idle from the start (no baseline yet): two idle decisions keep the clock, the third
+    # rests at the lowest clock, as AGFT's rest mode does after three idle checks.
+    decisions = [agft(obs(0.3 * i, **idle)) for i in range(6)]
+    assert decisions[:2] == [CLOCKS[-1]] * 2
+    assert decisions[2:] == [CLOCKS[0]] * 4
+    assert agft.baseline_edp is None and agft.rounds == 0
+    # Work returns: the baseline is measured at the top clock, then the bandit decides.
+    assert agft(obs(1.8)) == CLOCKS[-1]
+    agft(obs(2.1))
+    assert agft.baseline_edp is not None
+    for i in range(8, 20):
+        assert agft(obs(0.3 * i)) in agft.arms
+    rounds = agft.rounds
+    rested = [agft(obs(0.3 * i, **idle)) for i in range(20, 40)]
+    assert rested[2:] == [CLOCKS[0]] * 18
+    assert agft.rounds - rounds <= 2  # the rest decisions are no bandit rounds
+    assert agft(obs(12.0)) in agft.arms  # busy again: the bandit decides at once
+
+
 def test_agft_prunes_a_terrible_low_arm_and_those_below_it() -> None:
     agft = AGFTController(baseline_windows=1)
     agft(obs(0.0))
