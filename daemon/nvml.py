@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpugov.daemon.backend import MAX_GPU_POWER_W, GpuSample
+from gpugov.daemon.backend import MAX_GPU_POWER_W, GpuSample, clock_tolerance_mhz
 from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
@@ -245,7 +245,8 @@ class NvmlBackend:
     def supported_clocks_mhz(self) -> tuple[int, ...]:
         """SM clocks the GPU accepts for locking, ascending (cached after the first call).
 
-        Uses the highest supported memory clock's graphics-clock list.
+        Uses the highest supported memory clock's graphics-clock list, without the clocks
+        above the GPU's max SM clock (:meth:`_within_max_clock`).
 
         Raises:
             NotSupported, GpuLost, GpuError: as NVML reports.
@@ -269,8 +270,29 @@ class NvmlBackend:
                 self._handle,
                 max(memory),
             )
-            self._supported = plausible_clocks(graphics, self._label)
+            self._supported = self._within_max_clock(plausible_clocks(graphics, self._label))
         return self._supported
+
+    def _within_max_clock(self, clocks: tuple[int, ...]) -> tuple[int, ...]:
+        """``clocks`` without those above the GPU's max SM clock (one line): a board that lists
+        clocks it never reaches (a GeForce boost table, a power-limited SKU), locked there,
+        ran lower with no event reason, and each readback took that for another's lock.
+
+        A max clock within two steps of the top listed one (NVML: "can differ by a few
+        MHz"), below every listed clock or unreadable leaves the list as it is."""
+        top = self.max_clock_mhz()
+        if top is None or top < clocks[0] or clocks[-1] <= top + clock_tolerance_mhz(clocks):
+            return clocks
+        kept = tuple(clock for clock in clocks if clock <= top)
+        log.info(
+            "GPU %s: NVML lists SM clocks up to %d MHz, above the %d MHz it runs at most "
+            "(nvmlDeviceGetMaxClockInfo); the %d clock(s) above it are not used",
+            self._label,
+            clocks[-1],
+            top,
+            len(clocks) - len(kept),
+        )
+        return kept
 
     def _read(self, name: str, errors: list[str], function: Callable[[], T]) -> T | None:
         """Run one read; drop it for good if unsupported, count it if transient."""

@@ -195,12 +195,20 @@ class FakeGpu:
     memory_clocks_mhz: tuple[int, ...] = (2619,)
     graphics_clocks_mhz: tuple[int, ...] = tuple(range(1980, 344, -15))  # descending, as NVML
     field_power_supported: bool = True
+    max_clock_mhz: int | None = None
+    """The highest SM clock the board runs at (``nvmlDeviceGetMaxClockInfo``); None: the
+    top listed clock. A GeForce or power-limited board lists graphics clocks above it."""
     locked: tuple[int, int] | None = None
     lost: bool = False
 
     def __post_init__(self) -> None:
         if not self.uuid:
             self.uuid = f"GPU-fake-{self.index:04d}"
+
+    def top_clock_mhz(self) -> int:
+        """The highest SM clock it runs at: its max clock, else the top listed one."""
+        listed = max(self.graphics_clocks_mhz)
+        return listed if self.max_clock_mhz is None else min(listed, self.max_clock_mhz)
 
 
 class FakeNvml:
@@ -351,6 +359,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMaxClockInfo(self, handle: FakeGpu, clock_type: int) -> int:
         self._enter("nvmlDeviceGetMaxClockInfo", handle)
+        if handle.max_clock_mhz is not None:
+            return handle.max_clock_mhz
         return max(handle.graphics_clocks_mhz)
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Utilization:
@@ -402,9 +412,11 @@ class FakeNvml:
             ("nvmlDeviceSetGpuLockedClocks", handle.index, minGpuClockMHz, maxGpuClockMHz)
         )
         handle.locked = (minGpuClockMHz, maxGpuClockMHz)
-        # The GPU runs at a supported clock: the highest one at or below the upper bound.
+        # The GPU runs at a supported clock: the highest one at or below the upper bound
+        # and the board's max clock.
         supported = sorted(handle.graphics_clocks_mhz)
-        below = [clock for clock in supported if clock <= maxGpuClockMHz]
+        ceiling = min(maxGpuClockMHz, handle.top_clock_mhz())
+        below = [clock for clock in supported if clock <= ceiling]
         handle.sm_clock_mhz = below[-1] if below else supported[0]
         # A lock below the top clock shows as ApplicationsClocksSetting (as on real GPUs).
         if maxGpuClockMHz < max(handle.graphics_clocks_mhz):
@@ -418,7 +430,7 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
         self.writes.append(("nvmlDeviceResetGpuLockedClocks", handle.index))
         handle.locked = None
-        handle.sm_clock_mhz = max(handle.graphics_clocks_mhz)
+        handle.sm_clock_mhz = handle.top_clock_mhz()
         handle.event_reasons &= ~nvmlClocksEventReasonApplicationsClocksSetting
 
     def nvmlDeviceSetPowerManagementLimit(self, handle: FakeGpu, limit: int) -> None:

@@ -6,9 +6,11 @@ import logging
 
 import fake_pynvml as fp
 import pytest
+from daemon_support import MetricsServer, fixture_text, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.config import parse_config
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
     GpuError,
@@ -20,6 +22,7 @@ from gpugov.daemon.errors import (
     from_nvml,
 )
 from gpugov.daemon.nvml import NvmlBackend, nvml_device_count
+from gpugov.daemon.service import domains_from_config
 
 
 def test_fake_errors_behave_like_pynvml() -> None:
@@ -175,6 +178,61 @@ def test_a_memory_clock_no_gpu_runs_at_is_not_the_one_whose_clocks_are_listed(
     fake.nvmlDeviceGetSupportedMemoryClocks = lambda handle: [0xFFFFFFFF]  # type: ignore[method-assign]
     with pytest.raises(NotSupported, match="no supported memory clocks listed"):
         NvmlBackend(0, nvml=fake).supported_clocks_mhz()
+
+
+def test_clocks_listed_above_the_gpus_max_clock_are_not_locked(
+    caplog: pytest.LogCaptureFixture, metrics_server: MetricsServer
+) -> None:
+    """A board that lists graphics clocks past the SM clock it reaches (a GeForce boost
+    table, a power-limited SKU): locked at the top listed clock it ran at its max clock
+    with no event reason, read back as someone else's change and locked again every
+    other tick, counted in gpugov_gpu_external_clock_changes_total. The clocks above its
+    max clock (nvmlDeviceGetMaxClockInfo) are not offered; one line says so."""
+    fake = FakeNvml([fp.FakeGpu(index=0, max_clock_mhz=1755)])
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.nvml"):
+        backend = NvmlBackend(0, nvml=fake)
+        assert backend.supported_clocks_mhz() == tuple(range(345, 1756, 15))
+        backend.supported_clocks_mhz()
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: NVML lists SM clocks up to 1980 MHz, above the 1755 MHz it runs at most "
+        "(nvmlDeviceGetMaxClockInfo); the 15 clock(s) above it are not used"
+    ]
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "max"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    try:
+        run_ticks(assembled.domains, 8)
+        assert assembled.domains[0].actuator.external_changes == {"0": 0}
+    finally:
+        assembled.close()
+    locks = [w for w in fake.writes if w[0] == "nvmlDeviceSetGpuLockedClocks"]
+    assert locks == [("nvmlDeviceSetGpuLockedClocks", 0, 1755, 1755)]  # locked once
+
+
+@pytest.mark.parametrize("max_clock", [1975, 0, 0xFFFFFFFF, 300])
+def test_a_max_clock_near_the_top_or_no_gpus_keeps_the_listed_clocks(max_clock: int) -> None:
+    """A max clock a few MHz off the top listed clock (NVML: "can differ by a few MHz"),
+    or one no GPU has (0, an unsigned -1, below every listed clock), leaves the list."""
+    fake = FakeNvml([fp.FakeGpu(index=0, max_clock_mhz=max_clock)])
+    assert NvmlBackend(0, nvml=fake).supported_clocks_mhz() == tuple(range(345, 1981, 15))
+
+
+def test_a_max_clock_that_cannot_be_read_keeps_the_listed_clocks() -> None:
+    fake = FakeNvml([fp.FakeGpu(index=0, max_clock_mhz=1755)])
+    fake.fail("nvmlDeviceGetMaxClockInfo", fp.NVML_ERROR_NOT_SUPPORTED)
+    assert NvmlBackend(0, nvml=fake).supported_clocks_mhz() == tuple(range(345, 1981, 15))
 
 
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
