@@ -24,9 +24,10 @@ Simplified: the performance model is learned online, from the node's own windows
 engine's mean inter-token latency at the realised clock), instead of offline profiling:
 recursive least squares with forgetting on ``[1, B, KV]`` and ``[1, B, KV] * f_max / f``,
 so it learns which part of an iteration scales with the clock. Until it has
-``min_samples`` windows it holds the top clock. Generation-length prediction (used for
-the projection) and instance autoscaling are left out: the plant serves one engine, and
-a node sees no output length in advance.
+``min_samples`` windows it holds the top clock while the engine has work; an idle engine
+(nothing running, waiting or queued) runs the lowest clock, before the model as after.
+Generation-length prediction (used for the projection) and instance autoscaling are left
+out: the plant serves one engine, and a node sees no output length in advance.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.peers.common import clocks_of, finite
+from gpugov.controllers.peers.common import clocks_of, finite, has_work
 from gpugov.plant.types import ServingObservation
 
 BATCH_SCALE = 100.0
@@ -164,6 +165,8 @@ class ThrottLLeMController:
         running = max(0, observation.decode_active)
         kv_now = finite(observation.kv_tokens) or 0.0
         self._last_features = (float(running), kv_now)
+        if not has_work(observation):
+            return clocks[0]  # nothing to predict: no iteration runs, no prompt waits
         slo = finite(observation.tpot_slo_s)
         if self.samples < self.min_samples or slo is None or slo <= 0.0:
             return clocks[-1]

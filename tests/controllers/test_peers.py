@@ -292,6 +292,16 @@ def test_throttllem_holds_the_top_clock_until_it_has_a_model() -> None:
     assert throttle(obs(6.0)) == CLOCKS[-1]
 
 
+def test_throttllem_runs_an_idle_engine_at_the_lowest_clock_before_it_has_a_model() -> None:
+    throttle = ThrottLLeMController(min_samples=10)
+    idle = {"decode_active": 0, "waiting_requests": 0, "tpot_recent_s": None}
+    assert [throttle(obs(float(t), **idle)) for t in range(5)] == [CLOCKS[0]] * 5
+    assert throttle.samples == 0
+    # Work arrives before the model has its windows: the top clock, as in the warm-up.
+    assert throttle(obs(5.0)) == CLOCKS[-1]
+    assert throttle(obs(6.0, prefill_remaining_tokens=5000.0, **idle)) == CLOCKS[-1]
+
+
 def test_throttllem_picks_a_higher_clock_for_a_bigger_projected_batch() -> None:
     throttle = ThrottLLeMController(min_samples=10)
     feed_throttllem(throttle, 40)
