@@ -201,6 +201,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.auto_prior: ModelPrior | None = None
         """The prior :attr:`auto_hints` gave for the served model (None: none yet)."""
         self._hinted_name: str | None = None
+        self._clocks_agreed: tuple[OnlineModel, tuple[float, ...]] | None = None
+        """The model and the supported clocks last found to agree (a list that changes
+        is rare; comparing the tuple again is cheaper than sorting it every period)."""
         self.power_limit_w = power_limit_w
         self.last_power_limit_w: float | None = None
         self.exploration = exploration or SafeExploration()
@@ -211,6 +214,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._prefill_pressures: deque[tuple[float, float, float]] = deque()
         """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
         :data:`PARK_MEMORY_S` (idle parking)."""
+        self._short_slo_pressures: deque[tuple[float, float, float]] = deque()
+        """Those of :attr:`_prefill_pressures` whose SLO is shorter than
+        :data:`ARRIVAL_FLOOR_PERIODS` periods, the only ones the arrival floor reads."""
         self._decode_pressures: deque[tuple[float, float, float, float]] = deque()
         """(time, TPOT pressure, clock it was measured at, running requests) measured over
         the last :data:`PARK_MEMORY_S` (idle parking)."""
@@ -503,12 +509,19 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Whether ``observation`` offers other supported clocks (two or more) than the
         model was learned on: its clock-indexed fit then plans clocks the GPU lacks."""
         model = self.model
-        clocks = np.unique(np.asarray(observation.supported_clocks_mhz, dtype=float))
-        if model is None or clocks.size < 2:
+        offered = observation.supported_clocks_mhz
+        agreed = self._clocks_agreed
+        if model is None or (agreed is not None and agreed[0] is model and agreed[1] == offered):
             return False
-        return clocks.shape != model.clocks_mhz.shape or not np.array_equal(
+        clocks = np.unique(np.asarray(offered, dtype=float))
+        if clocks.size < 2:
+            return False
+        changed = clocks.shape != model.clocks_mhz.shape or not np.array_equal(
             clocks, model.clocks_mhz
         )
+        if not changed:
+            self._clocks_agreed = (model, tuple(offered))
+        return changed
 
     def _follow_name(self, name: str | None) -> None:
         """On a served model name not seen before, ask the automatic hints for its prior

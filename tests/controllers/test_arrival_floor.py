@@ -55,7 +55,7 @@ def _controller(ratio: float, slo_s: float) -> OnlineMPCController:
     """A controller whose last minute measured one TTFT at ``ratio`` of a ``slo_s`` SLO."""
     controller = OnlineMPCController(control_period_s=PERIOD_S)
     controller.model = _Model()  # type: ignore[assignment]
-    controller._prefill_pressures.append((9.0, ratio, PERIOD_S / slo_s))
+    controller.remember_ttft_pressure(9.0, ratio, PERIOD_S / slo_s)
     return controller
 
 
@@ -75,11 +75,11 @@ def test_a_ttft_slo_shorter_than_a_period_bounds_every_decision() -> None:
 
 def test_the_worst_pressure_of_the_last_minute_counts() -> None:
     controller = _controller(0.3, 0.15)
-    controller._prefill_pressures.append((9.5, 0.7, PERIOD_S / 0.15))
-    controller._prefill_pressures.append((9.75, 0.2, PERIOD_S / 0.15))
+    controller.remember_ttft_pressure(9.5, 0.7, PERIOD_S / 0.15)
+    controller.remember_ttft_pressure(9.75, 0.2, PERIOD_S / 0.15)
     assert controller.arrival_floor(_seen()) == pytest.approx(_lowest(0.7))
     # A window whose SLO (a long prompt's allowance) spans more than a period adds none.
-    controller._prefill_pressures.append((9.9, 0.95, PERIOD_S / 0.6))
+    controller.remember_ttft_pressure(9.9, 0.95, PERIOD_S / 0.6)
     assert controller.arrival_floor(_seen()) == pytest.approx(_lowest(0.7))
 
 
