@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.errors import printable
 from gpugov.daemon.files import InputFileError, append_line, loads_json, read_input_bytes
 from gpugov.plant.input_files import finite_number
 
@@ -219,8 +220,17 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> s
     return "-" if value is None else f"{value * scale:.{digits}f}{suffix}"
 
 
+def _name(value: Any, *, markdown: bool) -> str:
+    """A trace, profile or controller as a table cell: one printable line (a file name
+    may hold a newline or an escape sequence), its ``|`` escaped in markdown, where it
+    would end the cell and push the row's figures into the wrong columns."""
+    text = printable(str(value))
+    return text.replace("|", "\\|") if markdown else text
+
+
 def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:
-    """The summary as a fixed-width table (stdout) or a markdown table."""
+    """The summary as a fixed-width table (stdout) or a markdown table; every name is
+    written as :func:`_name` writes it."""
     header = [
         "trace",
         "profile",
@@ -236,10 +246,10 @@ def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) 
     ]
     body = [
         [
-            row["trace"],
-            row["profile"],
+            _name(row["trace"], markdown=markdown),
+            _name(row["profile"], markdown=markdown),
             f"x{row['load']:g}",
-            row["controller"],
+            _name(row["controller"], markdown=markdown),
             str(row["seeds"]),
             _fmt(row["energy_j"], 1e-3, 1, " kJ"),
             _fmt(row["energy_saved_vs_max"], 100, 1, "%"),

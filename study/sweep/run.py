@@ -350,7 +350,8 @@ def _run_plan(
         )
         + "\n",
         paths["summary_md"]: (
-            f"# gpugov sweep: {grid_path.name}\n\n{len(plan.cells)} cells; means over seeds; "
+            f"# gpugov sweep: {printable(grid_path.name)}\n\n"
+            f"{len(plan.cells)} cells; means over seeds; "
             f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
             f"seed.\n\n{format_table(table, markdown=True)}\n"
         ),
