@@ -65,9 +65,11 @@ from gpugov.daemon.backend import (
     power_limit_backend,
 )
 from gpugov.daemon.errors import (
+    DRIVER_GONE_CODES,
     ConfigError,
     GpuError,
     GpuLost,
+    GpuUnavailable,
     PermissionDenied,
     TransientGpuError,
 )
@@ -79,6 +81,15 @@ from gpugov.daemon.power_limit_ledger import SAME_LIMIT_W, PowerLimitLedger, non
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger(__name__)
+
+
+def _raise_if_gone(error: GpuError) -> None:
+    """Raise ``error`` where it says the driver went away (a code of
+    :data:`~daemon.errors.DRIVER_GONE_CODES`): the loop ends the run on it as on a clock
+    call's. Taken as a limit that cannot be set, the run went on against a gone driver."""
+    if isinstance(error, GpuUnavailable) and error.code in DRIVER_GONE_CODES:
+        raise error
+
 
 POWER_LIMIT_WRITE_DEADLINE_S = 2.0
 """The longest one GPU's power limit call (a write, a restore, or the read of its limit
@@ -364,6 +375,7 @@ class PowerLimitActuator:
         except GpuLost:
             raise
         except GpuError as error:
+            _raise_if_gone(error)
             log.debug("GPU %s: power limit not read before writing: %s", label, error)
             return None
         if (problem := self.bounds.implausible(now, backend)) is not None:
@@ -418,6 +430,7 @@ class PowerLimitActuator:
         except GpuLost:
             raise
         except GpuError as error:
+            _raise_if_gone(error)
             self._refuse(backend, error)
             return None
         problem = self.bounds.implausible(found, backend)
@@ -453,6 +466,7 @@ class PowerLimitActuator:
             raise
         except GpuError as error:
             self._writers[label].count_failure()
+            _raise_if_gone(error)
             self._write_refused(backend, error, first=first)
             return False
         self._written(backend, value)
@@ -541,6 +555,8 @@ class PowerLimitActuator:
                     return "failed"
                 raise
             except GpuError as error:
+                if not at_exit:
+                    _raise_if_gone(error)
                 now = None
                 log.debug("GPU %s: power limit not read before restoring: %s", label, error)
             now = self._plausible(backend, now, "restoring")
@@ -580,6 +596,7 @@ class PowerLimitActuator:
             if at_exit:
                 self._writers[label].count_failure()
             else:
+                _raise_if_gone(error)
                 self._writers[label].failed("restore", error)
             return "retry"
         self._restored(backend, original)

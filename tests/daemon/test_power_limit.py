@@ -19,6 +19,7 @@ from gpugov.daemon.config import parse_config
 from gpugov.daemon.errors import (
     ClocksNotReset,
     ConfigError,
+    DriverGone,
     GpuLost,
     NotSupported,
     PermissionDenied,
@@ -778,3 +779,35 @@ def test_an_original_the_gpu_no_longer_accepts_is_restored_within_its_limits(
     assert [line.split(";")[-1].strip() for line in lines] == ["restored", "restored"]
     assert "700 W is outside the 200-650 W it accepts now; restored to 650 W" in caplog.text
     assert "power_limits" not in json.loads((tmp_path / "locks.json").read_text())
+
+
+@pytest.mark.parametrize("call", [SET, "nvmlDeviceGetPowerManagementLimit"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        fp.NVML_ERROR_DRIVER_NOT_LOADED,
+        fp.NVML_ERROR_UNINITIALIZED,
+        fp.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    ],
+)
+def test_a_driver_gone_under_a_power_limit_call_ends_the_run_as_under_a_clock_write(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture, call: str, code: int
+) -> None:
+    """A power limit read or write that finds the driver unloaded or replaced mid-run
+    ended the cap alone ("its power limit cannot be set (...: no NVIDIA driver on this
+    machine; without a GPU, run `gpugov emulate`...)") and the run went on against a
+    driver that was gone; a clock write's ends the run (DriverGone, the exit resetting
+    what NVML still answers for). Both now do."""
+    fake = FakeNvml(2)
+    assembled = domains_from_config(_config(vllm_server.url), nvml=fake)
+    fake.fail(call, code, times=None)  # the power limit calls alone: the first cap's
+    try:
+        with (
+            caplog.at_level(logging.ERROR, logger="gpugov.daemon.power_limit"),
+            pytest.raises(DriverGone, match="went away or was replaced"),
+        ):
+            run_ticks(assembled.domains, 6)
+    finally:
+        assembled.close()
+    assert "cannot be set" not in caplog.text
+    assert "no NVIDIA driver on this machine" not in caplog.text
