@@ -277,6 +277,30 @@ def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) 
     )
 
 
+def failed_cells_markdown(failed: Sequence[Mapping[str, Any]]) -> str:
+    """The paragraph of ``summary.md`` that names the cells that failed (each a cell's
+    parameters and its ``error``), one phrase per controller: how many cells, the first
+    and its error; empty when none did. Their rows are not in the table."""
+    by_controller: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in failed:
+        by_controller.setdefault(entry["controller"], []).append(entry)
+    if not by_controller:
+        return ""
+    lines = ["Failed, so left out of the table (`--resume` runs them again):", ""]
+    for controller, entries in by_controller.items():
+        first = entries[0]
+        where = (
+            f"{first['trace']}, {first['profile']}, load {first['load']:g}, seed {first['seed']}"
+        )
+        lines.append(
+            "- "
+            + printable(
+                f"{controller} failed on {len(entries)} cell(s), first {where}: {first['error']}"
+            )
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
     """Write :func:`sweep_plot` to ``path`` atomically. Returns False (and writes nothing)
     without matplotlib."""
@@ -336,6 +360,7 @@ __all__ = [
     "append_row",
     "cell_fields",
     "cell_result",
+    "failed_cells_markdown",
     "format_table",
     "ok_rows_by_key",
     "read_results",

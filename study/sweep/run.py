@@ -49,6 +49,7 @@ from gpugov.study.sweep_results import (
     append_row,
     cell_fields,
     cell_result,
+    failed_cells_markdown,
     format_table,
     ok_rows_by_key,
     read_results,
@@ -265,7 +266,7 @@ def _run_plan(
         write_text_atomic(
             out / GRID_COPY, grid_toml(rebased_grid(plan.grid, grid_path.resolve().parent))
         )
-    failed = 0
+    failed: list[dict[str, Any]] = []  # this run's failed cells, each with its error
     # The bar counts simulated seconds, each cell's as it runs (a local pool's workers
     # through shared memory; a Ray cell's when it ends): counted in whole cells, a sweep
     # of a few long cells read "0/1 cells, ETA ?" for minutes.
@@ -314,7 +315,7 @@ def _run_plan(
             append_row(results_path, row)
             rows.append(row)
             if row["status"] != "ok":
-                failed += 1
+                failed.append({**todo[finished.index].parameters(), "error": row["error"]})
                 say(f"cell {todo[finished.index].label()} failed: {row['error']}")
             elif row.get("invalid_decisions"):
                 say(
@@ -341,7 +342,8 @@ def _run_plan(
             {
                 "grid": plan.grid.model_dump(),
                 "cells": len(plan.cells),
-                "failed": failed,
+                "failed": len(failed),
+                "failed_cells": failed,
                 "runner": spec.describe(),
                 "table": json_safe(table),
             },
@@ -353,7 +355,7 @@ def _run_plan(
             f"# gpugov sweep: {printable(grid_path.name)}\n\n"
             f"{len(plan.cells)} cells; means over seeds; "
             f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-            f"seed.\n\n{format_table(table, markdown=True)}\n"
+            f"seed.\n\n{failed_cells_markdown(failed)}{format_table(table, markdown=True)}\n"
         ),
     }
     plot = sweep_plot(table)
@@ -367,7 +369,7 @@ def _run_plan(
         "cells": len(plan.cells),
         "ran": len(todo),
         "skipped_done": skipped,
-        "failed": failed,
+        "failed": len(failed),
         "table": table,
         "paths": paths,
     }
