@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCController
+from gpugov.controllers.oracles.common import oracle_capture
 from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import ClockController, Request
 
@@ -40,15 +41,17 @@ def capture_after(
     holds: bool,
 ) -> float | None:
     """Oracle capture counted on the energy after ``start_s``: ``(E_max - E) / (E_max -
-    E_oracle)`` over that stretch; None when the controller does not hold the SLO over
-    the whole run, there is no oracle, or the oracle saves nothing there."""
-    if oracle is None or not holds:
+    E_oracle)`` over that stretch (:func:`oracle_capture`'s rule); None when the
+    controller does not hold the SLO over the whole run, there is no oracle, or the oracle
+    saves nothing there (at most a millionth of the maximum clock's energy)."""
+    if oracle is None:
         return None
-    e_max = energy_after(reference, start_s)
-    saving = e_max - energy_after(oracle, start_s)
-    if saving <= 1e-9:
-        return None
-    return (e_max - energy_after(result, start_s)) / saving
+    return oracle_capture(
+        energy_after(reference, start_s),
+        energy_after(result, start_s),
+        energy_after(oracle, start_s),
+        holds=holds,
+    )
 
 
 def model_error_by_clock(
