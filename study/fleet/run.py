@@ -671,8 +671,11 @@ def step_metrics(
 def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows in table order with the comparisons: attainment against the uncapped fleet
     (the scoreboard's SLO condition: within ``SLO_TOLERANCE``), energy against it, and a
-    step's SLO loss inside its window against the same allocator without the step."""
+    step's SLO loss inside its window against the same allocator without the step, at
+    the step's own budget (a budget that differs from it only past the two decimals a cell
+    is named by is another run, not its baseline)."""
     by_key = {row["key"]: row for row in rows}
+    unstepped = {(row["allocator"], row["budget_fraction"]): row for row in rows if not row["step"]}
     reference = by_key.get(UNCAPPED)
     ref_att = reference["slo_attainment"] if reference else None
     ref_energy = reference["energy_j"] if reference else None
@@ -688,7 +691,7 @@ def summarize(config: FleetConfig, rows: Sequence[dict[str, Any]]) -> list[dict[
         )
         row["energy_vs_uncapped"] = None if not ref_energy else row["energy_j"] / ref_energy - 1.0
         if cell.step:
-            base = by_key.get(Cell(cell.allocator, cell.budget).key)
+            base = unstepped.get((cell.allocator, cell.budget))
             before = None if base is None else base["step_window_slo_attainment"]
             now = row["step_window_slo_attainment"]
             row["step_slo_loss_pp"] = (

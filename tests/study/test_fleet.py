@@ -37,6 +37,7 @@ from gpugov.study.fleet.run import (
     load_warning,
     run_cell,
     run_fleet,
+    summarize,
 )
 from gpugov.study.runners import RunnerSpec
 from gpugov.study.scoreboard.scenarios import work_seconds_at_maximum
@@ -999,3 +1000,32 @@ def test_the_fleets_load_is_priced_once_per_profile_not_once_per_node(
     monkeypatch.setattr(fleet_run, "work_seconds_at_maximum", counting)
     assert fleet_run.fleet_utilization(requests, config, plants) == expected
     assert sorted(priced) == sorted(config.profiles)
+
+
+def _summary_row(cell: Cell, attainment: float) -> dict[str, object]:
+    """A cell's row as run_cell writes the fields summarize reads."""
+    return {
+        "key": cell.key,
+        "allocator": cell.allocator,
+        "budget_fraction": cell.budget,
+        "step": cell.step,
+        "slo_attainment": attainment,
+        "step_window_slo_attainment": attainment,
+        "energy_j": 1000.0,
+    }
+
+
+@pytest.mark.parametrize(("budget", "loss"), [(0.8, 4.0), (0.801, None)])
+def test_the_steps_slo_loss_is_against_the_same_allocator_at_its_own_budget(
+    budget: float, loss: float | None
+) -> None:
+    # --budgets 0.801 names its cell uniform@0.80, as the step's budget 0.8 names its
+    # baseline: the step's loss was taken against the run at 0.801.
+    config = FleetConfig(budgets=(budget,), allocators=("uniform",), step_budget=0.8)
+    rows = [
+        _summary_row(Cell("uncapped", None), 0.99),
+        _summary_row(Cell("uniform", budget), 0.98),
+        _summary_row(Cell("uniform", 0.8, step=True), 0.94),
+    ]
+    step = [row for row in summarize(config, rows) if row["step"]]
+    assert step[0]["step_slo_loss_pp"] == (None if loss is None else pytest.approx(loss))
