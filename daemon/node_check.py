@@ -191,6 +191,35 @@ def shared_engine_warnings(config: GpugovConfig) -> list[str]:
     ]
 
 
+def shared_budget_file_warnings(config: GpugovConfig) -> list[str]:
+    """One line per ``power_budget_file`` two or more domains read where one takes its
+    number as the whole domain's (``power_budget_file_scope = "domain"``): each holds that
+    number as its own budget, so together they may draw more than it (a node's budget
+    split over its domains in silence). A per-GPU number (scope ``"gpu"``) is one cap for
+    every GPU, and shared rightly."""
+    readers: dict[str, list[DomainConfig]] = {}
+    for domain in config.domains:
+        if domain.power_budget_file is not None:
+            key = os.path.realpath(domain.power_budget_file)
+            readers.setdefault(key, []).append(domain)
+    lines = []
+    for domains in readers.values():
+        whole = [
+            repr(domain.name) for domain in domains if domain.power_budget_file_scope == "domain"
+        ]
+        if len(domains) < 2 or not whole:
+            continue
+        lines.append(
+            f"domains {', '.join(repr(domain.name) for domain in domains)} read one "
+            f"power_budget_file ({domains[0].power_budget_file}) and {', '.join(whole)} "
+            f"take{'s' if len(whole) == 1 else ''} its number as the whole domain's "
+            '(power_budget_file_scope = "domain"): each holds it as its own budget, so '
+            "together they may draw more than it; give each domain its own file, or take "
+            'the number per GPU (scope "gpu")'
+        )
+    return lines
+
+
 def unkept_model_warnings(config: GpugovConfig) -> list[str]:
     """One line per ``mpc-online`` domain whose learned model is kept nowhere (no
     ``daemon.state_dir``, ``controller.state_dir`` or ``$STATE_DIRECTORY``): each start

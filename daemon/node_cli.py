@@ -96,6 +96,7 @@ def _run_node(args: argparse.Namespace) -> int:
     from gpugov.daemon.node_check import (
         config_inputs,
         period_warnings,
+        shared_budget_file_warnings,
         shared_engine_warnings,
         unkept_model_warnings,
     )
@@ -108,7 +109,11 @@ def _run_node(args: argparse.Namespace) -> int:
         config_inputs(config, args.config),
     )
     setup_logging(args.log_level or config.daemon.log_level)
-    for line in [*period_warnings(config), *shared_engine_warnings(config)]:
+    for line in [
+        *period_warnings(config),
+        *shared_engine_warnings(config),
+        *shared_budget_file_warnings(config),
+    ]:
         log.warning("%s", line)
     notify = SystemdNotify()
     try:
@@ -313,6 +318,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from gpugov.daemon.node_check import (
         check_node,
         period_warnings,
+        shared_budget_file_warnings,
         shared_engine_warnings,
         slo_warnings,
         unkept_model_warnings,
@@ -341,6 +347,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         *slo_warnings(config),
         *period_warnings(config),
         *shared_engine_warnings(config),
+        *shared_budget_file_warnings(config),
         *report.warnings,
     ]:
         warn(line)

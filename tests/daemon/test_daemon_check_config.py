@@ -575,6 +575,42 @@ def test_two_domains_reading_one_engine_page_get_one_warning_line(
     assert capsys.readouterr().err == ""
 
 
+def test_domains_sharing_one_domain_scoped_budget_file_get_one_warning_line(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node's budget in one file that two domains read with scope "domain": each held
+    the whole number as its own budget, together up to twice it, and nothing said so. A
+    per-GPU number ("gpu", the default) shared by domains is one cap for every GPU."""
+    budget = tmp_path / "node-budget"
+    budget.write_text("1000\n")
+    domain_scope = f'power_budget_file = "{budget}"\npower_budget_file_scope = "domain"\n'
+    path = tmp_path / "gpugov.toml"
+    path.write_text(
+        '[daemon]\nmetrics_address = ""\n'
+        f'[[domains]]\nname = "a"\ngpus = [0]\n{SLOS}{domain_scope}'
+        '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
+        f'[[domains]]\nname = "b"\ngpus = [1]\n{SLOS}power_budget_file = "node-budget"\n'
+        '[domains.engine]\nurl = "http://127.0.0.1:10/metrics"\n'
+    )
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert warning == (
+        f"gpugov: warning: domains 'a', 'b' read one power_budget_file ({budget}) and "
+        "'a' takes its number as the whole domain's (power_budget_file_scope = \"domain\"): "
+        "each holds it as its own budget, so together they may draw more than it; give "
+        'each domain its own file, or take the number per GPU (scope "gpu")'
+    )
+    with caplog.at_level("WARNING", logger="gpugov"):
+        assert _run_code(path) == -1
+    assert warning.removeprefix("gpugov: warning: ") in caplog.messages
+    path.write_text(path.read_text().replace('power_budget_file_scope = "domain"\n', ""))
+    assert node_cli.main(["check-config", str(path), "--offline"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "emulated.toml"
     assert node_cli.main(["check-config", str(example), "--offline"]) == 0
