@@ -525,15 +525,14 @@ class EmulatedBackend:
                 values[name] = None
                 errors.append(name)
         utilization = values["utilization"]
-        if utilization is not None and math.isfinite(utilization):
-            utilization = min(max(utilization / 100.0, 0.0), 1.0)
         return GpuSample.read(
             self._label,
             power_w=None if values["power"] is None else values["power"] / 1000.0,
             energy_j=None if values["energy"] is None else values["energy"] / 1000.0,
             temperature_c=values["temperature"],
             sm_clock_mhz=values["sm_clock"],
-            utilization=utilization,
+            # Not clamped: past 100 % (or below 0) is GpuSample.read's failed read.
+            utilization=None if utilization is None else utilization / 100.0,
             clock_event_reasons=values["clock_event_reasons"],
             power_limit_w=None if values["power_limit"] is None else values["power_limit"] / 1000.0,
             read_errors=tuple(errors),

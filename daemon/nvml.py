@@ -428,9 +428,9 @@ class NvmlBackend:
                 "read power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle
             ),
         )
-        utilization = None
-        if rates is not None:
-            utilization = min(max(float(rates.gpu) / 100.0, 0.0), 1.0)
+        # Not clamped: a percentage past 100 (a driver's garbage) is GpuSample.read's
+        # failed read, where clamped it was a GPU busy all the time.
+        utilization = None if rates is None else float(rates.gpu) / 100.0
         return GpuSample.read(
             self._label,
             power_w=power_w,

@@ -393,6 +393,20 @@ def test_a_negative_power_from_nvml_is_a_failed_read(fake_nvml: FakeNvml) -> Non
     backend.close()
 
 
+@pytest.mark.parametrize("percent", [101, 0xFFFFFFFF])
+def test_a_utilisation_past_100_percent_from_nvml_is_a_failed_read(
+    fake_nvml: FakeNvml, percent: int
+) -> None:
+    """NVML's utilisation is a percentage (0-100): a value past it (a driver's garbage,
+    an unsigned -1) was clamped to 1.0 and exported and planned with as a GPU busy all
+    the time; it is a failed read, as past 100 % from nvidia-smi is."""
+    fake_nvml.gpus[0].utilization_pct = percent
+    sample = NvmlBackend(0, nvml=fake_nvml).sample()
+    assert sample.utilization is None and sample.read_errors == ("utilization",)
+    fake_nvml.gpus[0].utilization_pct = 100
+    assert NvmlBackend(0, nvml=fake_nvml).sample().utilization == 1.0
+
+
 def test_the_fake_has_every_nvml_error_code_and_class_pynvml_has() -> None:
     """The fake stopped at NO_DATA (21): NOT_READY, GPU_NOT_FOUND, FREQ_NOT_SUPPORTED and
     the other codes nvidia-ml-py defines (and ``daemon/errors.py`` maps) could not be

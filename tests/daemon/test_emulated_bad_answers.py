@@ -110,6 +110,9 @@ def emulator() -> Iterator[_Emulator]:
         ({"clock_event_reasons": float("inf")}, "clock_event_reasons"),
         ({"clock_event_reasons": float("nan")}, "clock_event_reasons"),
         ({"utilization_gpu": float("nan")}, "utilization"),
+        # A percentage past 100 or below 0 was clamped into [0, 1] and taken as read.
+        ({"utilization_gpu": 250}, "utilization"),
+        ({"utilization_gpu": -3}, "utilization"),
         ({"power_mw": -1}, "power"),
         ({"energy_mj": float("-inf")}, "energy"),
         # An integer too large for a float raised OverflowError out of the read.
