@@ -52,8 +52,22 @@ def run_command(argv: Sequence[str], timeout_s: float) -> str:
     return done.stdout
 
 
+_PASSING_FAILURES = (
+    "unknown error",
+    "timeout",
+    "insufficient external power",
+    "interrupt request issue",
+    "insufficient memory",
+)
+"""nvmlErrorString's words for the codes :data:`~daemon.errors.NVML_ERROR_MAP` takes as
+passing (UNKNOWN, TIMEOUT, INSUFFICIENT_POWER, IRQ_ISSUE, MEMORY), which nvidia-smi
+prints after its own ("Unable to determine the device handle for GPU...: Unknown Error")."""
+
+
 def classify_failure(argv: Sequence[str], text: str) -> GpuError:
-    """Map nvidia-smi's error text onto the daemon's error tree."""
+    """Map nvidia-smi's error text onto the daemon's error tree, as NVML's code would be
+    (:data:`~daemon.errors.NVML_ERROR_MAP`): a failure it cannot name is a plain
+    :class:`~daemon.errors.GpuError`."""
     lowered = text.lower()
     command = " ".join(argv)
     message = f"{command}: {text.strip()[:300]}"
@@ -61,12 +75,24 @@ def classify_failure(argv: Sequence[str], text: str) -> GpuError:
         resets = any(arg.startswith(("--reset-gpu-clocks", "-rgc")) for arg in argv)
         needs = RESET_PERMISSION_MESSAGE if resets else PERMISSION_DENIED_MESSAGE
         return PermissionDenied(f"{command}: {needs}")
-    if "gpu is lost" in lowered or "fallen off the bus" in lowered:
+    if any(
+        words in lowered
+        for words in ("gpu is lost", "fallen off the bus", "requires restart", "requires reset")
+    ):
         return GpuLost(message)
     if "not supported" in lowered or "not a valid field" in lowered:
         return NotSupported(message)
-    if "couldn't communicate with the nvidia driver" in lowered or "no devices" in lowered:
+    if any(
+        words in lowered
+        for words in (
+            "couldn't communicate with the nvidia driver",
+            "no devices",
+            "version mismatch",
+        )
+    ):
         return GpuUnavailable(message)
+    if any(words in lowered for words in _PASSING_FAILURES):
+        return TransientGpuError(message)
     return GpuError(message)
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from fake_nvidia_smi import FakeNvidiaSmi, FakeSmiGpu
 
-from gpugov.daemon.errors import GpuLost, GpuUnavailable, NotSupported, PermissionDenied
+from gpugov.daemon.errors import (
+    GpuLost,
+    GpuUnavailable,
+    NotSupported,
+    PermissionDenied,
+    TransientGpuError,
+)
+from gpugov.daemon.gpu_sampling import DomainGpus
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend, classify_failure, run_command
 
 
@@ -74,10 +83,39 @@ def test_values_no_gpu_gives_cost_their_reading_not_the_sample() -> None:
             "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
             GpuUnavailable,
         ),
+        # NVML's own words (nvmlErrorString), each as NVML's code is taken: UNKNOWN and
+        # TIMEOUT were a plain GpuError, so one failed query ended the run.
+        (
+            "Unable to determine the device handle for GPU0000:17:00.0: Unknown Error",
+            TransientGpuError,
+        ),
+        ("Failed to initialize NVML: Unknown Error", TransientGpuError),
+        ("Unable to query GPU 0: Timeout", TransientGpuError),
+        ("GPU 00000000:17:00.0: Insufficient External Power", TransientGpuError),
+        ("Failed to initialize NVML: Driver/library version mismatch", GpuUnavailable),
+        ("GPU 00000000:17:00.0: GPU requires reset", GpuLost),
     ],
 )
 def test_error_text_classified(text: str, kind: type) -> None:
     assert type(classify_failure(["nvidia-smi"], text)) is kind
+
+
+def test_a_query_failing_for_a_passing_reason_is_a_failed_sample_not_the_end() -> None:
+    """nvidia-smi's "Unknown Error" on one query raised a plain GpuError out of the tick's
+    sampling and ended the run; it is one failed sample, as NVML's UNKNOWN is."""
+    fake = FakeNvidiaSmi(1)
+    failing = [True]
+
+    def runner(argv: Sequence[str], timeout_s: float) -> str:
+        if failing[0] and any(a.startswith("--query-gpu=") for a in argv):
+            failing[0] = False
+            raise classify_failure(argv, "Unable to determine the device handle: Unknown Error")
+        return fake(argv, timeout_s)
+
+    gpus = DomainGpus([NvidiaSmiBackend(0, runner=runner)])
+    assert gpus.sample(0.0)[0].read_errors == ("sample",)
+    assert gpus.sample(1.0)[0].sm_clock_mhz == 1980.0
+    assert gpus.gpu_read_errors == {"0": 1}
 
 
 def test_missing_executable() -> None:
