@@ -736,9 +736,19 @@ _TABLE_TYPES = ("model_type", "model_attributes_type", "dict_type")
 _ARRAY_TYPES = ("tuple_type", "list_type")
 
 
+_EMPTY_WORDS = {
+    "gpus": "list at least one GPU (an NVML index or a GPU-/MIG- UUID, such as [0])",
+    "domains": "hold at least one [[domains]] table",
+}
+"""What an empty array must hold, by its key: pydantic said "Value should have at least 1
+item after validation, not 0"."""
+
+
 def _toml_words(kind: str, loc: tuple[int | str, ...], value: object) -> str | None:
-    """A wrong-kind line in the file's words (a table, an array), or None: pydantic's
-    named a Python class (``instance of DaemonSection``, ``a valid tuple``)."""
+    """A wrong-kind or empty-array line in the file's words (a table, an array), or None:
+    pydantic's named a Python class (``instance of DaemonSection``, ``a valid tuple``)."""
+    if kind == "too_short" and loc and loc[-1] in _EMPTY_WORDS:
+        return f"must {_EMPTY_WORDS[str(loc[-1])]}, got none"
     if kind in _ARRAY_TYPES:
         return f"must be an array, such as [0, 1], got {value!r:.40}"
     if kind not in _TABLE_TYPES:

@@ -50,8 +50,13 @@ def test_defaults() -> None:
             "greater than or equal to 1",
         ),
         ({"domains": {"name": "x"}}, "domains", "[[domains]]"),
-        ({"domains": []}, "domains", "at least 1"),
-        (_domain(gpus=[]), "domains[0].gpus", "at least 1"),
+        # Said "Value should have at least 1 item after validation, not 0": pydantic's words.
+        ({"domains": []}, "domains", "must hold at least one [[domains]] table, got none"),
+        (
+            _domain(gpus=[]),
+            "domains[0].gpus",
+            "must list at least one GPU (an NVML index or a GPU-/MIG- UUID, such as [0]), got none",
+        ),
         (_domain(gpus=["eth0"]), "domains[0].gpus[0]", "NVML index"),
         (_domain(gpus=[-1]), "domains[0].gpus[0]", "NVML index"),
         (_domain(name="has space"), "domains[0].name", "pattern"),
