@@ -35,8 +35,10 @@ def window_between(
     prompt_per_request: float | None = None,
 ) -> Window | None:
     """The :class:`Window` between two observations, or None when it cannot be used
-    (no time passed, counters went backwards (engine restart), or the GPU reported no
-    utilisation or clock). A NaN or infinite reading is carried into the window as it is;
+    (no time passed, counters went backwards (engine restart), the GPU reported no clock,
+    or, where it reports no utilisation, work was done between two ends with none in
+    hand). Without NVML's utilisation the busy time is the window times the share of its
+    two ends with requests in hand (an engine with work runs back to back). A NaN or infinite reading is carried into the window as it is;
     :meth:`OnlineModel.update` skips what it would spoil and counts it.
 
     The decode iterations are the decode tokens over the mean running batch of the two
@@ -59,9 +61,17 @@ def window_between(
     generated = current.output_tokens_total - previous.output_tokens_total
     if prompt < 0.0 or generated < 0.0:
         return None
-    if current.gpu_utilization is None or current.realized_clock_mhz is None:
+    if current.realized_clock_mhz is None:
         return None
-    utilization = float(current.gpu_utilization)
+    if current.gpu_utilization is not None:
+        utilization = float(current.gpu_utilization)
+    else:
+        # No NVML utilisation (MIG mode, some virtual GPUs): an engine with requests in
+        # hand runs its iterations back to back, so the ends' work in hand stands in.
+        in_hand = sum(_has_work(end) for end in (previous, current))
+        if in_hand == 0 and (prompt > 0.0 or generated > 0.0):
+            return None  # work came and went between two idle ends: its time is unknown
+        utilization = 0.5 * in_hand
     # A non-finite reading is kept as NaN: the model skips and counts such a window.
     busy = min(1.0, max(0.0, utilization)) * duration if math.isfinite(utilization) else math.nan
     # A request's first token comes from its prefill, not from a decode iteration: the
@@ -111,6 +121,15 @@ def window_between(
         else current.requested_clock_mhz,
         temperature_start_c=previous.temperature_c,
         temperature_end_c=current.temperature_c,
+    )
+
+
+def _has_work(observation: ServingObservation) -> bool:
+    """Whether the engine had requests in hand (running, waiting or being prefilled)."""
+    return (
+        observation.decode_active > 0
+        or observation.waiting_requests > 0
+        or observation.prefill_remaining_tokens > 0.0
     )
 
 
