@@ -231,6 +231,15 @@ class ServingObservation:
         return self.ttft_slo_for(self.ttft_recent_prompt_tokens)
 
     @property
+    def has_work(self) -> bool:
+        """Whether the engine has requests in hand: running, waiting or being prefilled."""
+        return (
+            self.decode_active > 0
+            or self.waiting_requests > 0
+            or self.prefill_remaining_tokens > 0.0
+        )
+
+    @property
     def minimum_clock_mhz(self) -> float | None:
         """Lowest supported clock, when the source reported the supported set."""
         return self.supported_clocks_mhz[0] if self.supported_clocks_mhz else None

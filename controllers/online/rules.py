@@ -157,7 +157,7 @@ class MeasuredLatencyRules:
                 self._short_slo_pressures.popleft()
         while len(self._decode_pressures) > 1 and self._decode_pressures[0][0] < horizon:
             self._decode_pressures.popleft()
-        if slos is None or not _idle(observation):
+        if slos is None or observation.has_work:
             return None
         # An idle window measures nothing: the worst of the last minute.
         threshold = loosened(self.exploration.explore_threshold, self.looseness)
@@ -504,7 +504,7 @@ class MeasuredLatencyRules:
         # A pool of disaggregated serving is judged on one phase: no short answers decode
         # beside a prefill chunk there.
         colocated = observation.role not in ("prefill", "decode")
-        idle = colocated and _idle(observation) and self.clumping.clumped
+        idle = colocated and not observation.has_work and self.clumping.clumped
         draining = backlog > CHUNK_TOKENS
         others = colocated and (observation.decode_active > 0 or observation.waiting_requests > 1)
         budget = self.budget
@@ -621,15 +621,6 @@ def _chunk_tokens(observation: ServingObservation) -> float:
     if observation.role == "prefill":
         return CHUNK_TOKENS
     return max(CHUNK_TOKENS - max(1.0, float(observation.decode_active)), 32.0)
-
-
-def _idle(observation: ServingObservation) -> bool:
-    """No prompt waiting or being prefilled, nobody decoding."""
-    return (
-        observation.prefill_remaining_tokens <= 0.0
-        and observation.decode_active == 0
-        and observation.waiting_requests == 0
-    )
 
 
 def _first_fit(clocks: FloatArray, fits: NDArray[np.bool_]) -> float:

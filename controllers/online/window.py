@@ -38,8 +38,9 @@ def window_between(
     (no time passed, counters went backwards (engine restart), the GPU reported no clock,
     or, where it reports no utilisation, work was done between two ends with none in
     hand). Without NVML's utilisation the busy time is the window times the share of its
-    two ends with requests in hand (an engine with work runs back to back). A NaN or infinite reading is carried into the window as it is;
-    :meth:`OnlineModel.update` skips what it would spoil and counts it.
+    two ends with requests in hand (an engine with work runs back to back). A NaN or
+    infinite reading is carried into the window as it is; :meth:`OnlineModel.update`
+    skips what it would spoil and counts it.
 
     The decode iterations are the decode tokens over the mean running batch of the two
     ends; where one end ran nothing and the other ``b``, over ``(b + 1) / 2`` (the mean
@@ -68,7 +69,7 @@ def window_between(
     else:
         # No NVML utilisation (MIG mode, some virtual GPUs): an engine with requests in
         # hand runs its iterations back to back, so the ends' work in hand stands in.
-        in_hand = sum(_has_work(end) for end in (previous, current))
+        in_hand = int(previous.has_work) + int(current.has_work)
         if in_hand == 0 and (prompt > 0.0 or generated > 0.0):
             return None  # work came and went between two idle ends: its time is unknown
         utilization = 0.5 * in_hand
@@ -121,15 +122,6 @@ def window_between(
         else current.requested_clock_mhz,
         temperature_start_c=previous.temperature_c,
         temperature_end_c=current.temperature_c,
-    )
-
-
-def _has_work(observation: ServingObservation) -> bool:
-    """Whether the engine had requests in hand (running, waiting or being prefilled)."""
-    return (
-        observation.decode_active > 0
-        or observation.waiting_requests > 0
-        or observation.prefill_remaining_tokens > 0.0
     )
 
 
