@@ -14,6 +14,7 @@ import os
 import re
 import tomllib
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -484,6 +485,34 @@ class DaemonSection(FrozenModel):
         return self
 
 
+def own_metrics_engine(address: str, domains: Sequence[DomainConfig]) -> int | None:
+    """The index of the first domain whose ``engine.url`` is the daemon's own ``/metrics``
+    served at ``address`` (``daemon.metrics_address`` or ``run --metrics-address``), or
+    None: such a domain scrapes no engine gauges and sits at its fail-safe. The same host,
+    ``localhost`` for a loopback one, or loopback for one that listens on every address
+    (another host's is not known to be this); ``""``, ``none`` or a malformed address
+    (refused on its own) serve nothing here."""
+    if not address or address.lower() == "none":
+        return None
+    from gpugov.daemon.cli_types import is_loopback
+
+    try:
+        host, port = parse_address(address)
+    except ValueError:
+        return None
+    for index, domain in enumerate(domains):
+        parts = urllib.parse.urlsplit(domain.engine.url)
+        engine_port = parts.port or (443 if parts.scheme == "https" else 80)
+        engine_host = (parts.hostname or "").lower()
+        same_host = engine_host == host.lower() or (
+            is_loopback(engine_host)
+            and (host in ("0.0.0.0", "::") or "localhost" in (engine_host, host.lower()))
+        )
+        if engine_port == port and same_host:
+            return index
+    return None
+
+
 def _engine_with_timeout(engine: Any, timeout_s: float) -> Any:
     """``engine`` (a TOML table or an :class:`EngineConfig`) with ``timeout_s`` set to
     ``timeout_s`` when it sets none; anything else unchanged (validation reports it)."""
@@ -587,27 +616,13 @@ class GpugovConfig(FrozenModel):
         ``check-config`` said OK, and every scrape found no engine gauges, so the domain
         sat at its fail-safe under a "wrong engine kind" warning."""
         address = self.daemon.metrics_address
-        if not address:
-            return self
-        from gpugov.daemon.cli_types import is_loopback
-
-        host, port = parse_address(address)
-        for index, domain in enumerate(self.domains):
-            parts = urllib.parse.urlsplit(domain.engine.url)
-            engine_port = parts.port or (443 if parts.scheme == "https" else 80)
-            engine_host = (parts.hostname or "").lower()
-            # The exporter's own address, "localhost" for a loopback one, or loopback for
-            # one that listens on every address (another host's is not known to be this).
-            same_host = engine_host == host.lower() or (
-                is_loopback(engine_host)
-                and (host in ("0.0.0.0", "::") or "localhost" in (engine_host, host.lower()))
+        found = own_metrics_engine(address, self.domains)
+        if found is not None:
+            raise ValueError(
+                f"domains[{found}].engine.url ({self.domains[found].engine.url}) is this "
+                f"daemon's own metrics endpoint (daemon.metrics_address = {address}); give "
+                "the serving engine's /metrics URL"
             )
-            if engine_port == port and same_host:
-                raise ValueError(
-                    f"domains[{index}].engine.url ({domain.engine.url}) is this daemon's own "
-                    f"metrics endpoint (daemon.metrics_address = {address}); give the "
-                    "serving engine's /metrics URL"
-                )
         return self
 
     @model_validator(mode="after")

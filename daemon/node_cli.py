@@ -47,7 +47,7 @@ from gpugov.daemon.cli_support import (
     setup_logging,
     warn,
 )
-from gpugov.daemon.config import GpugovConfig, load_config
+from gpugov.daemon.config import GpugovConfig, load_config, own_metrics_engine
 from gpugov.daemon.controller_config import ControllerConfig, PowerProfileControllerConfig
 from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller_spec, shown_spec
 from gpugov.daemon.domain import Domain
@@ -125,6 +125,14 @@ def _run_node(args: argparse.Namespace) -> int:
     try:
         if args.metrics_address:
             check_metrics_address(args.metrics_address)
+            own = own_metrics_engine(args.metrics_address, config.domains)
+            if own is not None:
+                raise UsageError(
+                    f"--metrics-address {args.metrics_address}: domains[{own}].engine.url "
+                    f"({config.domains[own].engine.url}) in {args.config} is this daemon's "
+                    "own metrics endpoint; give the serving engine's /metrics URL, or serve "
+                    "the metrics elsewhere"
+                )
         else:
             check_metrics_address(
                 config.daemon.metrics_address, f"{args.config}: daemon.metrics_address"

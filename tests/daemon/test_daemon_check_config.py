@@ -611,6 +611,29 @@ def test_domains_sharing_one_domain_scoped_budget_file_get_one_warning_line(
     assert capsys.readouterr().err == ""
 
 
+def test_a_metrics_address_flag_that_is_an_engines_page_is_refused_before_any_work(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run --metrics-address on a domain's engine.url: the file's own address is refused
+    so, the flag's was served, and the domain scraped the daemon's own page at every tick
+    and sat at its fail-safe ("no vllm:, sglang: or tgi_ metrics on the page")."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("127.0.0.1:9/metrics", f"localhost:{port}/metrics"))
+    code = node_cli.main(["run", "--config", str(path), "--metrics-address", f"127.0.0.1:{port}"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"gpugov: error: --metrics-address 127.0.0.1:{port}: domains[0].engine.url "
+        f"(http://localhost:{port}/metrics) in {path} is this daemon's own metrics endpoint; "
+        "give the serving engine's /metrics URL, or serve the metrics elsewhere\n"
+    )
+    assert "nvmlInit" not in fake.calls  # refused before any GPU was opened
+    with pytest.raises(LoopStarted):  # served elsewhere, the same file runs
+        node_cli.main(["run", "--config", str(path), "--dry-run", "--metrics-address", "none"])
+
+
 def test_the_emulated_example_sets_its_slos(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "emulated.toml"
     assert node_cli.main(["check-config", str(example), "--offline"]) == 0
