@@ -31,12 +31,17 @@ from gpugov.daemon.nvml import plausible_clocks
 Runner = Callable[[Sequence[str], float], str]
 
 
+class CommandTimedOut(TransientGpuError):
+    """nvidia-smi did not finish within its timeout: told apart from the passing failures
+    it names itself ("Unknown Error"), which are no hung call."""
+
+
 def run_command(argv: Sequence[str], timeout_s: float) -> str:
     """Run ``argv``; return stdout.
 
     Raises:
         GpuUnavailable: the executable is missing.
-        TransientGpuError: it timed out.
+        CommandTimedOut: it timed out.
         PermissionDenied, NotSupported, GpuLost, GpuError: from its error text.
     """
     try:
@@ -46,7 +51,7 @@ def run_command(argv: Sequence[str], timeout_s: float) -> str:
     except FileNotFoundError as error:
         raise GpuUnavailable(f"{argv[0]} not found") from error
     except subprocess.TimeoutExpired as error:
-        raise TransientGpuError(f"{' '.join(argv)} timed out after {timeout_s:g} s") from error
+        raise CommandTimedOut(f"{' '.join(argv)} timed out after {timeout_s:g} s") from error
     if done.returncode != 0:
         raise classify_failure(argv, (done.stderr or "") + (done.stdout or ""))
     return done.stdout

@@ -32,7 +32,7 @@ from gpugov.daemon.errors import (
     printable,
 )
 from gpugov.daemon.node_support import backend_choice, gpu_indices, gpu_lister, guarded
-from gpugov.daemon.nvidia_smi import run_command
+from gpugov.daemon.nvidia_smi import CommandTimedOut, run_command
 from gpugov.daemon.service import open_backend
 from gpugov.plant.input_files import finite_number
 
@@ -202,7 +202,7 @@ def _reset_all_nvidia_smi(budget: _ResetBudget) -> None:
     calls = SerialCalls(max(wait_s, 0.1), name="reset-all", cause="a hung GPU call", idle_s=0.0)
     try:
         calls.call(lambda: run_command(argv, max(wait_s, 0.1)))
-    except (CallTimeout, TransientGpuError):  # run_command's TransientGpuError: timed out
+    except (CallTimeout, CommandTimedOut):
         raise ClocksNotReset(
             f"{GpuCallHung.after(' '.join(argv), wait_s)}; the GPUs may still be locked: run "
             "`gpugov reset-clocks` (or `nvidia-smi -rgc`) again once the driver answers"

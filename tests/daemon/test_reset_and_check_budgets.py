@@ -19,8 +19,13 @@ import gpugov.daemon.node_support as node_support
 import gpugov.daemon.nvidia_smi as nvidia_smi
 import gpugov.daemon.reset_clocks as reset_clocks
 import gpugov.daemon.service as service
-from gpugov.daemon.errors import RESET_PERMISSION_MESSAGE, GpuError, GpuUnavailable
-from gpugov.daemon.nvidia_smi import classify_failure
+from gpugov.daemon.errors import (
+    RESET_PERMISSION_MESSAGE,
+    GpuError,
+    GpuUnavailable,
+    TransientGpuError,
+)
+from gpugov.daemon.nvidia_smi import CommandTimedOut, classify_failure
 
 _RESET_ALL = ["reset-clocks", "--backend", "nvidia-smi", "--gpus", "all"]
 
@@ -55,7 +60,21 @@ def test_nvidia_smi_reset_that_fails_says_the_gpus_may_still_be_locked(
     (line,) = captured.err.splitlines()
     assert line.startswith("gpugov: error: nvidia-smi --reset-gpu-clocks: ")
     assert "the GPUs may still be locked" in line
+    assert "no answer within" not in line  # it answered, saying why (no hung call)
     assert "Traceback" not in captured.err and "reset (nvidia-smi)" not in captured.out
+
+
+def test_nvidia_smi_reset_that_times_out_is_said_as_a_hung_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def timed_out(argv: Any, timeout_s: float) -> str:
+        raise CommandTimedOut(f"{' '.join(argv)} timed out after {timeout_s:g} s")
+
+    monkeypatch.setattr(reset_clocks, "run_command", timed_out)
+    assert node_cli.main(_RESET_ALL) == 6
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "nvidia-smi --reset-gpu-clocks: no answer within" in line
+    assert "the GPUs may still be locked" in line
 
 
 def test_nvidia_smi_reset_refused_exits_3_and_says_not_reset(
@@ -86,9 +105,11 @@ def test_nvidia_smi_reset_without_nvidia_smi_is_no_gpu(
 
 
 def test_a_generic_nvidia_smi_failure_is_a_gpu_error() -> None:
-    """The test above relies on this: an unknown text is a plain GpuError (exit 1 before)."""
-    error = classify_failure(["nvidia-smi", "--reset-gpu-clocks"], "Unknown Error")
-    assert type(error) is GpuError
+    """A text nvidia-smi's classification does not name is a plain GpuError (exit 1
+    before); its "Unknown Error" (NVML's UNKNOWN) is a passing one, as NVML's code is."""
+    argv = ["nvidia-smi", "--reset-gpu-clocks"]
+    assert type(classify_failure(argv, "Failed to reset SM clocks for GPU 0")) is GpuError
+    assert type(classify_failure(argv, "Unknown Error")) is TransientGpuError
 
 
 # ----------------------------------------------- nvidia-smi's listing, the caller's wait
