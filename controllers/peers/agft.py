@@ -43,7 +43,6 @@ from gpugov.controllers.peers.common import (
     CounterTracker,
     clocks_of,
     finite,
-    has_work,
     tpot_ratio,
     ttft_ratio,
 )
@@ -206,7 +205,7 @@ class AGFTController:
         """AGFT's rest mode: true from the ``idle_confirmations``-th decision in a row
         with nothing running or waiting on the engine until work returns (the source then
         parks the GPU low and skips learning, so idle windows teach no arm)."""
-        if has_work(observation):
+        if observation.has_work:
             self._idle_decisions = 0
             return False
         self._idle_decisions += 1

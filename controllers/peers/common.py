@@ -69,15 +69,6 @@ def tpot_ratio(observation: ServingObservation) -> float | None:
     return latency_ratio(observation.tpot_recent_s, observation.tpot_slo_s)
 
 
-def has_work(observation: ServingObservation) -> bool:
-    """Something runs or waits on the engine."""
-    return (
-        observation.decode_active > 0
-        or observation.waiting_requests > 0
-        or observation.prefill_remaining_tokens > 0
-    )
-
-
 @dataclass(slots=True)
 class CounterDeltas:
     """Deltas of the cumulative counters since the previous observation.

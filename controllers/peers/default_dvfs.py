@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from gpugov.controllers.peers.common import board_limit, clocks_of, has_work
+from gpugov.controllers.peers.common import board_limit, clocks_of
 from gpugov.plant.types import ServingObservation
 
 
@@ -53,7 +53,7 @@ class DefaultDVFS:
         clocks = clocks_of(observation, "default-dvfs")
         self.board_limit_w = board_limit(observation, self.board_limit_w)
         now = float(observation.time_s)
-        if has_work(observation):
+        if observation.has_work:
             self._last_busy_s = now
         if math.isinf(self.idle_hold_s):
             return clocks[-1]  # a context is open: the GPU does not drop while idle

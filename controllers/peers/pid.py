@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from gpugov.controllers.peers.common import clocks_of, has_work, tpot_ratio, ttft_ratio
+from gpugov.controllers.peers.common import clocks_of, tpot_ratio, ttft_ratio
 from gpugov.plant.types import ServingObservation
 
 
@@ -59,7 +59,7 @@ class SLAPIDController:
         ratios = [r for r in (ttft_ratio(observation), tpot_ratio(observation)) if r is not None]
         if ratios:
             return max(ratios) - self.setpoint
-        return None if has_work(observation) else self.idle_error
+        return None if observation.has_work else self.idle_error
 
     def __call__(self, observation: ServingObservation) -> float:
         clocks = clocks_of(observation, "pid")

@@ -37,7 +37,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from gpugov.controllers.peers.common import clocks_of, finite, has_work
+from gpugov.controllers.peers.common import clocks_of, finite
 from gpugov.plant.types import ServingObservation
 
 BATCH_SCALE = 100.0
@@ -165,7 +165,7 @@ class ThrottLLeMController:
         running = max(0, observation.decode_active)
         kv_now = finite(observation.kv_tokens) or 0.0
         self._last_features = (float(running), kv_now)
-        if not has_work(observation):
+        if not observation.has_work:
             return clocks[0]  # nothing to predict: no iteration runs, no prompt waits
         slo = finite(observation.tpot_slo_s)
         if self.samples < self.min_samples or slo is None or slo <= 0.0:
