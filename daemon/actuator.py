@@ -607,7 +607,7 @@ class ClockActuator:
         started, self._exit_started = self._exit_started, None
         if started is None:
             started = self._start_exit_resets(gpus, budget)
-        return restore_each(
+        not_reset = restore_each(
             gpus,
             functools.partial(self._reset_at_exit, budget=budget, started=started),
             what="reset",
@@ -618,6 +618,40 @@ class ClockActuator:
             backoff_s=self.reset_backoff_s,
             sleep=self._sleep,
             budget=budget,
+        )
+        for backend in gpus:
+            if backend.label in not_reset:
+                self._top_at_exit(backend, budget)
+        return not_reset
+
+    def _top_at_exit(self, backend: GpuBackend, budget: ExitBudget | None) -> None:
+        """A GPU the exit could not reset, held below its top clock (or at unknown clocks):
+        lock the top clock instead, as the loop's fail-safe does, so it is not left low
+        until someone resets it. Not for a lost GPU, one whose write hangs, or once the
+        exit's budget is spent; a lock that fails too is only logged (DEBUG)."""
+        label = backend.label
+        writer = self._writers[label]
+        if label in self.lost or writer.hanging or (budget is not None and budget.spent):
+            return
+        held = self.locked_mhz[label]
+        try:
+            top = max(backend.supported_clocks_mhz())
+            if held is not None and held != _UNKNOWN and held >= top:
+                return
+            clock_range = self._range(backend, top)
+            writer.write(
+                clock_range, wait_s=None if budget is None else budget.wait_s(writer.deadline_s)
+            )
+        except GpuError as error:
+            log.debug("domain %s: GPU %s: top clock at exit failed: %s", self.domain, label, error)
+            return
+        self._holds(backend, clock_range)
+        log.warning(
+            "domain %s: GPU %s: its reset failed; locked at the top clock (%d MHz) instead, so "
+            "it is not held low (it is still locked: gpugov reset-clocks unlocks it)",
+            self.domain,
+            label,
+            top,
         )
 
     def begin_restore(self, budget: ExitBudget | None = None) -> None:

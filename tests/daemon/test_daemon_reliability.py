@@ -283,6 +283,50 @@ def test_failed_reset_is_retried_then_named() -> None:
     assert len(sleeps) == 2 + 4  # GPU 1 (lost) is not retried; GPU 0 five times
 
 
+@pytest.mark.parametrize("code", [fp.NVML_ERROR_UNKNOWN, fp.NVML_ERROR_NOT_SUPPORTED])
+def test_a_gpu_whose_reset_keeps_failing_at_exit_is_not_left_locked_low(
+    code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exit's reset failing on every try (a driver that answers UNKNOWN, or refuses
+    the reset as NOT_SUPPORTED while it took the lock) left the GPU locked at the low
+    clock gpugov had set, for good; the loop's fail-safe locks the top clock instead of a
+    reset that fails, and so does the exit now. The GPU is still named (exit 6)."""
+    fake = FakeNvml(2)
+    backends = [NvmlBackend(i, nvml=fake) for i in range(2)]
+    actuator = ClockActuator(backends, sleep=lambda s: None)
+    actuator.apply(1200)
+    fake.fail(RESET, code, times=None)
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
+        assert actuator.restore() == ["0", "1"]
+    assert fake.locked(0) == (1980, 1980) and fake.locked(1) == (1980, 1980)
+    lines = [r.getMessage() for r in caplog.records if "top clock" in r.getMessage()]
+    assert lines == [
+        f"domain default: GPU {gpu}: its reset failed; locked at the top clock (1980 MHz) "
+        "instead, so it is not held low (it is still locked: gpugov reset-clocks unlocks it)"
+        for gpu in ("0", "1")
+    ]
+
+
+def test_a_gpu_lost_at_exit_is_not_locked_at_the_top_clock() -> None:
+    fake = FakeNvml(2)
+    backends = [NvmlBackend(i, nvml=fake) for i in range(2)]
+    actuator = ClockActuator(backends, sleep=lambda s: None)
+    actuator.apply(1200)
+    fake.lose(1)
+    reset = fake.nvmlDeviceResetGpuLockedClocks
+
+    def reset_fails_on_gpu_0(handle: Any) -> None:
+        if handle.index == 0:
+            raise fp.NVMLError(fp.NVML_ERROR_UNKNOWN)
+        reset(handle)
+
+    fake.nvmlDeviceResetGpuLockedClocks = reset_fails_on_gpu_0  # type: ignore[method-assign]
+    calls = dict(fake.calls)
+    assert actuator.restore() == ["0", "1"]
+    assert fake.locked(0) == (1980, 1980)
+    assert fake.calls[LOCK] == calls[LOCK] + 1  # GPU 0's; nothing more is asked of GPU 1
+
+
 def test_run_raises_naming_the_gpus_still_locked(metrics_server: MetricsServer) -> None:
     metrics_server.page = fixture_text("vllm_v1_real.txt")
     fake = FakeNvml(2)
@@ -316,7 +360,7 @@ def test_run_raises_naming_the_gpus_still_locked(metrics_server: MetricsServer) 
             before_tick=stop_after,
         )
     assembled.close()
-    assert fake.locked(0) == (1410, 1410)
+    assert fake.locked(0) == (1980, 1980)  # not reset, but not held at 1410 MHz either
 
 
 # ---------------------------------------------------------- item 6: reconcile
