@@ -253,7 +253,9 @@ class EmulatedBackend:
             raise  # no answer (TransientGpuError): an emulator still starting, or busy
         except GpuError as error:
             raise GpuUnavailable(
-                f"GPU {gpu}: no such emulated GPU at {emulator} ({error})", gpu=self._label
+                f"GPU {gpu}: no such emulated GPU at {emulator} ({error})",
+                gpu=self._label,
+                code=error.code,
             ) from error
         if not isinstance(info, dict):
             raise GpuUnavailable(

@@ -459,7 +459,7 @@ def _open_gpus(
     """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
     has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
     not all be opened is left out (its problem is reported)."""
-    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S, check_opened_once, open_backend
+    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S, check_opened_once, open_domain_gpu
 
     kind = config.daemon.backend
     if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
@@ -494,7 +494,8 @@ def _open_gpus(
         try:
             for gpu in domain.gpus:
                 backends.append(
-                    open_backend(
+                    open_domain_gpu(
+                        domain.name,
                         gpu,
                         kind,
                         dry_run=True,  # reads only, whatever happens next

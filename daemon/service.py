@@ -40,6 +40,7 @@ from gpugov.daemon.domain import Domain, FailsafeMode
 from gpugov.daemon.emulated import EmulatedBackend, call_timeout_s
 from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.errors import (
+    NVML_ERROR_INVALID_ARGUMENT,
     ConfigError,
     ControllerError,
     GpuCallHung,
@@ -194,6 +195,28 @@ def open_backend(
         backend.close()
         raise
     return DryRunBackend(backend) if dry_run else backend
+
+
+NO_SUCH_GPU_CODES = frozenset({NVML_ERROR_INVALID_ARGUMENT, 6})
+"""NVML's codes for opening a GPU the node does not have: INVALID_ARGUMENT (an index past
+the last GPU, as the emulator answers too) and NOT_FOUND (a UUID no GPU has)."""
+
+
+def open_domain_gpu(domain: str, gpu: int | str, kind: str, **options: Any) -> GpuBackend:
+    """:func:`open_backend` for one GPU a domain's ``gpus`` lists (``options``: its keyword
+    arguments): ``run`` and ``check-config`` open them alike, and a GPU the node does not
+    have is said naming the domain and its ``gpus`` (the line named the GPU alone, on a
+    node of several domains).
+
+    Raises:
+        GpuUnavailable, GpuCallHung, TransientGpuError, ...: as :func:`open_backend`.
+    """
+    try:
+        return open_backend(gpu, kind, **options)
+    except GpuUnavailable as error:
+        if not isinstance(error, GpuCallHung) and error.code in NO_SUCH_GPU_CODES:
+            error.args = (f"domain {domain!r}: gpus: {error}",)
+        raise
 
 
 def open_split_backend(
@@ -764,7 +787,8 @@ def domains_from_config(
             phase[:] = [OPENING_GPUS]
             backends: list[GpuBackend] = []
             for gpu in spec.gpus:
-                backend = open_backend(
+                backend = open_domain_gpu(
+                    spec.name,
                     gpu,
                     config.daemon.backend,
                     dry_run=dry_run,
@@ -938,5 +962,6 @@ __all__ = [
     "build_domain",
     "domains_from_config",
     "open_backend",
+    "open_domain_gpu",
     "simulated_run",
 ]

@@ -262,6 +262,27 @@ def test_a_good_config_passes_both_and_check_config_names_the_gpus(
 
 
 @pytest.mark.parametrize(
+    ("gpus", "said"),
+    [
+        ("[0, 7]", "GPU 7: no such GPU"),
+        ('["GPU-nope"]', "GPU GPU-nope: open GPU failed: Not Found"),
+    ],
+)
+def test_a_gpu_the_node_lacks_is_named_with_its_domain_by_both(
+    gpus: str, said: str, tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A domain's GPU the node does not have: the line named the GPU alone ("GPU 7: no such
+    GPU ..."), not the domain whose gpus lists it, on a node of several domains."""
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace("gpus = [0, 1]", f"gpus = {gpus}"))
+    assert _run_code(path) == 4
+    run_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert run_line.startswith(f"gpugov: error: domain 'llm': gpus: {said}"), run_line
+    assert node_cli.main(["check-config", str(path)]) == 4
+    assert capsys.readouterr().err.splitlines() == [run_line]
+
+
+@pytest.mark.parametrize(
     ("tables", "field", "said"),
     [
         ("[domains.safety]\nfloor_mhz = 2500\n", "safety.floor_mhz", "2500 MHz"),
