@@ -52,7 +52,7 @@ from typing import Any, Generic, TypeVar
 from gpugov import __version__
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.errors import Terminated
+from gpugov.daemon.errors import Terminated, printable
 from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
 
 C = TypeVar("C")
@@ -165,9 +165,28 @@ def ray_endpoint(address: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def _auto_address() -> str | None:
+    """The cluster ``--ray auto`` joins when the environment names one (``RAY_ADDRESS``
+    as HOST:PORT or ray://HOST:PORT); None when Ray finds it itself (unset, ``auto``)."""
+    named = os.environ.get("RAY_ADDRESS", "").strip()
+    return None if named in ("", "auto", LOCAL_RAY) else named
+
+
 def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
     """:class:`RunnerError` in seconds for a bad address or a port that does not answer,
-    which ``ray.init`` would retry for many minutes (``local`` and ``auto`` are Ray's)."""
+    which ``ray.init`` would retry for many minutes: ``--ray HOST:PORT``, or the
+    ``RAY_ADDRESS`` that ``--ray auto`` joins (``local`` and a plain ``auto`` are Ray's)."""
+    if address == "auto" and (named := _auto_address()) is not None:
+        try:
+            ray_endpoint(named)
+        except RunnerError:
+            return  # a form Ray may read otherwise: left to it
+        try:
+            check_ray_reachable(named, timeout_s)
+        except RunnerError as error:
+            said = str(error).removeprefix(f"--ray {named}: ")
+            raise RunnerError(f"--ray auto: RAY_ADDRESS={printable(named)}: {said}") from error
+        return
     endpoint = ray_endpoint(address)
     if endpoint is None:
         return
@@ -602,6 +621,12 @@ class RayRuntime:
             if not isinstance(error, ConnectionError | RuntimeError | ValueError):
                 raise
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if address == "auto" and isinstance(error, ConnectionError):
+                # Ray's own line asks for an --address flag no gpugov command takes.
+                first = (
+                    "no running Ray cluster found (start one with 'ray start --head', "
+                    "set RAY_ADDRESS, or use --ray local)"
+                )
             raise RunnerError(f"--ray {address}: cannot start or join Ray: {first}") from error
         finally:
             os.chdir(previous)

@@ -9,6 +9,7 @@ import io
 import json
 import socket
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,6 +124,43 @@ def test_a_ray_address_where_nothing_listens_is_refused_in_seconds(
     address = f"{scheme}127.0.0.1:{closed_port}"
     stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", address)
     assert stderr.startswith(f"gpugov: error: --ray {address}: cannot join Ray: "), stderr
+
+
+def test_ray_auto_checks_the_ray_address_it_joins_in_seconds(
+    tmp_path: Path, closed_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --ray auto joins RAY_ADDRESS; one where nothing listens was retried by ray.init for
+    # minutes, with Ray's warnings and no line of gpugov's.
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port}")
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", "auto")
+    assert stderr.startswith(
+        f"gpugov: error: --ray auto: RAY_ADDRESS=127.0.0.1:{closed_port}: cannot join Ray: "
+    ), stderr
+
+
+def test_ray_auto_without_a_cluster_names_what_to_do_in_gpugovs_terms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray's own line asked for an --address flag that no gpugov command takes.
+    fake = types.ModuleType("ray")
+
+    def init(**options: object) -> None:
+        assert options["address"] == "auto"
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to "
+            "by setting `--address` flag or `RAY_ADDRESS` environment variable."
+        )
+
+    fake.is_initialized = lambda: False  # type: ignore[attr-defined]
+    fake.init = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", "auto")
+    assert stderr == (
+        "gpugov: error: --ray auto: cannot start or join Ray: no running Ray cluster found "
+        "(start one with 'ray start --head', set RAY_ADDRESS, or use --ray local)\n"
+    )
 
 
 def test_the_output_directory_is_made_only_once_ray_has_joined(
