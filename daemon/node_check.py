@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpugov.daemon.backend import GpuBackend
+from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.cli_outputs import check_not_an_input, check_output_file, controller_files
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.config import (
@@ -42,7 +42,7 @@ from gpugov.daemon.config import (
     controller_state_dir,
     parse_address,
 )
-from gpugov.daemon.controller_config import OnlineMPCControllerConfig
+from gpugov.daemon.controller_config import POWER_LIMIT_BACKENDS, OnlineMPCControllerConfig
 from gpugov.daemon.errors import (
     NO_DRIVER_CODES,
     ConfigError,
@@ -623,10 +623,26 @@ def _check_domain(
         if not report.hung:
             _check_configured_cap(domain, backends, report)
     try:
-        _build_controller(config, domain, names, clocks, gpus_seen=backends is not None)
+        controller = _build_controller(
+            config, domain, names, clocks, gpus_seen=backends is not None
+        )
     except (GpugovError, ProfileError) as error:
         # Named as run names it (daemon.service.build_domain): the domain and its field.
         report.problems.append(ControllerError(f"domain {domain.name!r}: controller: {error}"))
+        return
+    from gpugov.daemon.service import check_power_capping
+
+    # As run's power limit actuator is made: each GPU's backend sets power limits;
+    # offline, the config's backend does (only nvml).
+    can_set = (
+        config.daemon.backend in POWER_LIMIT_BACKENDS
+        if backends is None
+        else bool(backends) and all(power_limit_backend(b) is not None for b in backends)
+    )
+    try:
+        check_power_capping(domain.name, domain.controller, controller, can_set=can_set)
+    except ConfigError as error:
+        report.problems.append(error)
         return
     from gpugov.daemon.decide import profile_fit_warnings
 

@@ -553,12 +553,7 @@ def build_domain(
     power_limits = power_limit_actuator(
         backends, domain=name, state=state, write_deadline_s=power_limit_write_deadline_s
     )
-    if power_limits is None and isinstance(layers(controller)[-1], PowerCapping):
-        raise ConfigError(
-            f"domain {name!r}: controller {spec_name(controller_spec)!r} sets a GPU power "
-            "limit, which this domain's GPU backend cannot set (only nvml can); use "
-            'backend = "nvml", or a controller that sets only the clock'
-        )
+    check_power_capping(name, controller_spec, controller, can_set=power_limits is not None)
     return Domain(
         name,
         observer,
@@ -594,6 +589,26 @@ def check_configured_clocks(
         raise ConfigError(
             f"domain {name!r}: controller.clock_mhz ({spec.clock_mhz:g} MHz) is outside the "
             f"supported clocks of its GPUs ({clocks[0]:g}-{clocks[-1]:g} MHz)"
+        )
+
+
+def check_power_capping(
+    name: str, spec: ControllerConfig, controller: Any, *, can_set: bool
+) -> None:
+    """Refuse a built controller that sets a GPU power cap (its algorithm is
+    :class:`~gpugov.plant.types.PowerCapping`: a cap kind, or an outside controller that
+    has a ``requested_power_cap_w``) on GPUs whose backend cannot set a power limit
+    (``can_set`` False). ``run`` and ``check-config`` both refuse through this, in one
+    line (``check-config`` said OK to an outside controller that ``run`` refused).
+
+    Raises:
+        ConfigError: naming the domain and the controller.
+    """
+    if not can_set and isinstance(layers(controller)[-1], PowerCapping):
+        raise ConfigError(
+            f"domain {name!r}: controller {spec_name(spec)!r} sets a GPU power "
+            "limit, which this domain's GPU backend cannot set (only nvml can); use "
+            'backend = "nvml", or a controller that sets only the clock'
         )
 
 

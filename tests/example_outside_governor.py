@@ -35,3 +35,20 @@ def make_swallowing(context: ControllerContext) -> Callable[[ServingObservation]
         return inner(observation)
 
     return decide
+
+
+class _Capping:
+    """:func:`make`'s decisions, with a power cap of 300 W per GPU (``PowerCapping``)."""
+
+    def __init__(self, context: ControllerContext) -> None:
+        self._decide = make(context)
+        self.requested_power_cap_w = 300.0 * context.gpu_count
+
+    def __call__(self, observation: ServingObservation) -> float:
+        return self._decide(observation)
+
+
+def make_capping(context: ControllerContext) -> _Capping:
+    """An outside governor that sets a power cap as well as the clock (tests of a node
+    whose backend cannot set one)."""
+    return _Capping(context)

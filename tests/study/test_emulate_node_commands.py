@@ -51,6 +51,29 @@ def _config(tmp_path: Path, emulator: str, gpus: str = "[0]") -> Path:
     return path
 
 
+def test_an_outside_controller_that_caps_power_is_refused_by_check_config_as_by_run(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An outside governor that sets a power cap on GPUs whose backend cannot set one: run
+    refused it at its start, and check-config (online or --offline) said OK."""
+    config = _config(tmp_path, emulator.url)
+    config.write_text(
+        config.read_text()
+        + '[domains.controller]\nkind = "external"\n'
+        + 'factory = "example_outside_governor:make_capping"\n'
+    )
+    assert node_cli.main(["run", "--config", str(config), "--dry-run"]) == 2
+    run_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert run_line == (
+        "gpugov: error: domain 'emulated': controller 'example_outside_governor:make_capping' "
+        "sets a GPU power limit, which this domain's GPU backend cannot set (only nvml can); "
+        'use backend = "nvml", or a controller that sets only the clock'
+    )
+    for offline in ([], ["--offline"]):
+        assert node_cli.main(["check-config", str(config), *offline]) == 2
+        assert capsys.readouterr().err.splitlines() == [run_line]
+
+
 def _lock(emulator: str, gpu: int) -> None:
     backend = EmulatedBackend(gpu, emulator=emulator)
     backend.lock_clocks(900, 900)
