@@ -8,20 +8,19 @@ this exact code against ``tests/daemon/fake_pynvml.py``. Every ``NVMLError`` bec
 Reads per sample (see ``docs/nvml-notes.md``): instant power through
 ``nvmlDeviceGetFieldValues`` (field 186, GPU scope, then MODULE scope; falls back to
 ``nvmlDeviceGetPowerUsage``, a 1 s average on Ampere+), the energy counter
-(``nvmlDeviceGetTotalEnergyConsumption``, at most once per ``energy_interval_s`` because
-it is ~1000x slower than the other reads), temperature (``TemperatureV``, falls back
-to the deprecated ``Temperature``), SM clock, utilisation, clock-event reasons (the new
-name, falls back to the ``Throttle`` name on FUNCTION_NOT_FOUND) and the enforced power
-limit. A read that is unsupported is dropped for good; a transient failure leaves the
-field None for this sample and is named in ``GpuSample.read_errors``; a lost GPU raises
-:class:`~daemon.errors.GpuLost`.
+(``nvmlDeviceGetTotalEnergyConsumption``, every sample: a counter read before, carried as
+if read now, gave a tick no energy and the next twice its own), temperature
+(``TemperatureV``, falls back to the deprecated ``Temperature``), SM clock, utilisation,
+clock-event reasons (the new name, falls back to the ``Throttle`` name on
+FUNCTION_NOT_FOUND) and the enforced power limit. A read that is unsupported is dropped
+for good; a transient failure leaves the field None for this sample and is named in
+``GpuSample.read_errors``; a lost GPU raises :class:`~daemon.errors.GpuLost`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -171,8 +170,6 @@ class NvmlBackend:
         gpu: int | str = 0,
         *,
         nvml: ModuleType | None = None,
-        energy_interval_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml: Any = nvml or load_pynvml()
         self._closed = False
@@ -207,10 +204,6 @@ class NvmlBackend:
         self._bounds_warned = False
         """Implausible power limit bounds were warned about (:meth:`power_limit_constraints_w`)."""
         self._dropped: set[str] = set()
-        self.energy_interval_s = energy_interval_s
-        self._clock = clock
-        self._energy_j: float | None = None
-        self._energy_read_s = -math.inf
         self._power_scopes: tuple[int, ...] = (
             _const(self._nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU),
             _const(self._nvml, "NVML_POWER_SCOPE_MODULE", POWER_SCOPE_MODULE),
@@ -339,20 +332,18 @@ class NvmlBackend:
         return float(self._call("read power", nvml.nvmlDeviceGetPowerUsage, self._handle)) / 1000.0
 
     def _energy(self) -> float:
-        """The energy counter in joules, read at most once per ``energy_interval_s``.
+        """The energy counter in joules, read at every sample.
 
         Measured on an H200 (driver 580): this read takes ~3 ms (p99 ~17 ms) while every
-        other read takes ~2 us, so it is not read on every tick of a fast loop.
+        other read takes ~2 us; a tick's reads of a domain's GPUs run together, so it
+        costs a tick about that once. Read at most once a second instead, a sample carried
+        the counter read before as if read now, and per-tick energy came out 0, then
+        twice a tick's.
         """
-        now = self._clock()
-        if self._energy_j is not None and now - self._energy_read_s < self.energy_interval_s:
-            return self._energy_j
         energy_mj = self._call(
             "read energy", self._nvml.nvmlDeviceGetTotalEnergyConsumption, self._handle
         )
-        self._energy_j = float(energy_mj) / 1000.0
-        self._energy_read_s = now
-        return self._energy_j
+        return float(energy_mj) / 1000.0
 
     def _temperature(self) -> float:
         nvml = self._nvml

@@ -105,17 +105,15 @@ class BackendCase:
 
 # ------------------------------------------------------------------------ the cases
 def _nvml_case() -> BackendCase:
-    """NvmlBackend on a fake pynvml with one H100; its energy counter moves with the clock."""
+    """NvmlBackend on a fake pynvml with one H100; its energy counter moves as time passes."""
     nvml = FakeNvml(1)
-    clock = ManualClock()
     gpu = nvml.gpus[0]
 
     def advance(seconds: float) -> None:
-        clock.now_s += seconds
         gpu.energy_mj += int(gpu.power_mw * seconds)  # mW x s = mJ
 
     return BackendCase(
-        backend=NvmlBackend(0, nvml=nvml, clock=clock),
+        backend=NvmlBackend(0, nvml=nvml),
         advance=advance,
         hardware_writes=lambda: len(nvml.writes),
         faults={
