@@ -365,8 +365,8 @@ class EnergyEstimator:
 
     Args:
         trailing_s: seconds behind the rate gauges.
-        min_window_s: shorter windows are merged into the next one (the NVML energy
-            counter is read at most once a second).
+        min_window_s: shorter windows are merged into the next one (NVML updates its
+            energy counter about every 100 ms: a shorter window's energy is mostly noise).
         fit: the own phase fit (a fresh :class:`PhaseFit` by default).
         use_learned: split with the controller's learned model when one is given (off
             by default: measured worse than the own fit, see ``docs/energy.md``).
