@@ -558,8 +558,13 @@ def plot_scheduling_on_plant(results: Mapping[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
-    """Write every figure in :data:`FIGURES` under ``directory``; return the paths."""
+def write_figures(
+    results: Mapping[str, Any],
+    directory: Path,
+    on_figure: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """Write every figure in :data:`FIGURES` under ``directory``; return the paths.
+    ``on_figure`` hears a line before each (a progress step: together they take seconds)."""
     directory.mkdir(parents=True, exist_ok=True)
     plant = results["metadata"]["inputs"]["plant"]
     limits = {
@@ -585,7 +590,9 @@ def write_figures(results: Mapping[str, Any], directory: Path) -> list[Path]:
         "scheduling_on_plant.png": lambda path: plot_scheduling_on_plant(results, path),
     }
     written = []
-    for name in FIGURES:
+    for index, name in enumerate(FIGURES, 1):
+        if on_figure is not None:
+            on_figure(f"writing figure {name} ({index}/{len(FIGURES)})")
         target = directory / name
         writers[name](target)
         written.append(target)
@@ -628,9 +635,10 @@ def build_sharded_results(
 
 
 # --------------------------------------------------------------------------- run
-EXPERIMENT_STEPS = 17
+EXPERIMENT_STEPS = 16 + len(FIGURES)
 """Progress steps: the suite's sixteen (``build_textbook_results`` reports one line before
-each; each of the five runs on the plant is one) and writing the figures."""
+each; each of the five runs on the plant is one) and each figure written (together they
+take seconds: as one step the bar read 'ETA 1s' while they were drawn)."""
 
 
 def animation_length_s(given_s: float | None, duration_s: float) -> float:
@@ -769,8 +777,7 @@ def run_experiments(args: argparse.Namespace) -> int:
         results_path = staging / "results.json"
         # Each named in a failure (a full disk); Path.write_text's failed write names none.
         write_text_atomic(results_path, json.dumps(results, allow_nan=False) + "\n")
-        progress("writing figures")
-        figures = write_figures(results, staging / "figures")
+        figures = write_figures(results, staging / "figures", progress)
         summary_path = staging / "summary.md"
         write_text_atomic(
             summary_path, format_summary_markdown(results, elapsed_s=time.perf_counter() - started)

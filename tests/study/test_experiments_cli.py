@@ -161,9 +161,12 @@ def test_progress_lines_carry_step_elapsed_and_eta(quick_run) -> None:
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) >= 10
-    pattern = re.compile(r"^experiments: +\d+\.\d% \(\d+/17 steps\), elapsed \S+, ETA \S+, \S")
+    steps = experiments_cli.EXPERIMENT_STEPS
+    pattern = re.compile(
+        rf"^experiments: +\d+\.\d% \(\d+/{steps} steps\), elapsed \S+, ETA \S+, \S"
+    )
     assert all(pattern.match(line) for line in lines), lines
-    assert lines[-1].startswith("experiments: 100.0% (17/17 steps)")
+    assert lines[-1].startswith(f"experiments: 100.0% ({steps}/{steps} steps)")
     assert any("fqi" in line for line in lines)
     assert lines[-1].endswith("done")
 
@@ -172,7 +175,8 @@ def test_each_run_on_the_plant_is_a_step(quick_run) -> None:
     """The second stage's five runs on the plant (each policy and chunked prefill, over the
     whole evaluation window) were one step: on an hour's window it ran 37 s at "83.3%
     ... ETA 2s" with no line. Each run is a step of its own now, so the ETA counts them;
-    and the figures are a step until they are written (the bar read 100 % meanwhile)."""
+    and so is each figure (as one step, the figures were drawn for seconds at "ETA 1s"
+    with no line; before that the bar read 100 % meanwhile)."""
     _, _, _, stderr = quick_run
     lines = [line for line in stderr.splitlines() if line.strip()]
     on_plant = [line for line in lines if "scheduling on the plant" in line]
@@ -189,8 +193,12 @@ def test_each_run_on_the_plant_is_a_step(quick_run) -> None:
             1,
         )
     ], lines
-    figures = next(line for line in lines if line.endswith("writing figures"))
-    assert figures.startswith("experiments:  94.1% (16/17 steps)"), lines
+    figures = [line for line in lines if "writing figure" in line]
+    assert [line.split(", ", 3)[-1] for line in figures] == [
+        f"writing figure {name} ({index}/6)"
+        for index, name in enumerate(experiments_cli.FIGURES, 1)
+    ], lines
+    assert figures[0].startswith("experiments:  72.7% (16/22 steps)"), lines
 
 
 def test_identical_runs_give_identical_json_except_solve_times(
@@ -209,7 +217,7 @@ def test_identical_runs_give_identical_json_except_solve_times(
         "build_textbook_results",
         functools.partial(build_textbook_results, mpc_timer=lambda: next(ticks) * 1e-3),
     )
-    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda *args: [])
     code, _, _ = _run_quick(tmp_path / "again")
     assert code == 0
     second = _strict_load((tmp_path / "again" / "results.json").read_text())
@@ -297,7 +305,7 @@ def test_parts_in_a_local_pool_give_the_sequential_result(
     pool tasks and assembles the same result as the sequential run."""
     out, _, _, _ = quick_run
     first = _strict_load((out / "results.json").read_text())
-    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda *args: [])
     code, _, stderr = _run_quick(tmp_path / "sharded", "--jobs", "2")
     assert code == 0, stderr
     second = _strict_load((tmp_path / "sharded" / "results.json").read_text())

@@ -174,7 +174,7 @@ def test_experiments_parts_on_ray_give_the_sequential_result(
     out, code, _, stderr = experiments_quick_run
     assert code == 0, stderr
     first = json.loads((out / "results.json").read_text())
-    monkeypatch.setattr(experiments_cli, "write_figures", lambda results, directory: [])
+    monkeypatch.setattr(experiments_cli, "write_figures", lambda *args: [])
     code, _, stderr = run_quick_experiments(tmp_path / "ray", "--ray", "local")
     assert code == 0, stderr
     second = json.loads((tmp_path / "ray" / "results.json").read_text())
