@@ -459,7 +459,12 @@ def _open_gpus(
     """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
     has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
     not all be opened is left out (its problem is reported)."""
-    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S, check_opened_once, open_domain_gpu
+    from gpugov.daemon.service import (
+        GPU_OPEN_DEADLINE_S,
+        check_actuator_serves,
+        check_opened_once,
+        open_domain_gpu,
+    )
 
     kind = config.daemon.backend
     if kind in ("nvml", "actuator", "zeusd"):  # the split backends read through NVML
@@ -507,6 +512,8 @@ def _open_gpus(
                     )
                 )
                 check_opened_once(uuids, backends[-1], domain.name, str(gpu))
+            if not config.daemon.dry_run:
+                check_actuator_serves(domain.name, backends)
         except GpuCallHung as error:
             # No GPU is closed, nor another opened: each would queue behind the hung call
             # in the driver (NVML is not shut down under it; the process's exit releases

@@ -592,6 +592,39 @@ def check_configured_clocks(
         )
 
 
+def check_actuator_serves(domain: str, backends: Sequence[GpuBackend]) -> None:
+    """Refuse a domain's GPU that the actuator (``backend = "actuator"``) does not serve
+    (not in its ``--gpus``), when it answers now (else the domain holds its fail-safe until
+    it does): the first lock of that GPU was refused, and ``run`` exited 6 on a GPU it never
+    locked. The GPU is matched as it is named on the wire: its UUID, else its index.
+
+    Raises:
+        ConfigError: naming the domain, the GPU and the GPUs the actuator serves.
+    """
+    from gpugov.daemon.actuator_client import ActuatorBackend
+
+    for backend in backends:
+        inner = _unwrapped(backend)
+        if not isinstance(inner, ActuatorBackend):
+            return
+        try:
+            if inner.client.check() is not None:
+                return  # not answering now: the write path's problem, said elsewhere
+        except GpugovError:
+            return
+        served = [gpu for gpu in inner.client.gpus if isinstance(gpu, dict)]
+        names = {str(gpu[key]) for gpu in served for key in ("gpu", "uuid") if gpu.get(key)}
+        if str(getattr(inner, "uuid", None) or inner.label) in names:
+            continue
+        labels = [str(gpu.get("gpu", "?")) for gpu in served]
+        serves = f"GPU{'s' if len(labels) != 1 else ''} {', '.join(labels)}" if labels else "none"
+        raise ConfigError(
+            f"domain {domain!r}: GPU {backend.label} is not one the actuator at "
+            f"{inner.client.path} serves (it serves {serves}); add it to gpugov actuator "
+            "--gpus, or leave it out of the domain"
+        )
+
+
 def check_power_capping(
     name: str, spec: ControllerConfig, controller: Any, *, can_set: bool
 ) -> None:
@@ -816,6 +849,8 @@ def domains_from_config(
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
                 check_opened_once(opened, backend, spec.name, str(gpu))
+            if not dry_run:  # a dry run writes nothing, so no refusal can stop it
+                check_actuator_serves(spec.name, backends)
             source = ScrapedSource(
                 spec.engine.url,
                 spec.engine.kind,

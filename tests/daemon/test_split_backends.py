@@ -735,3 +735,49 @@ def test_a_zeusd_that_trickles_its_answer_costs_one_timeout() -> None:
     finally:
         stop.set()
         listener.close()
+
+
+def test_a_gpu_the_actuator_does_not_serve_is_refused_by_check_config_and_run(
+    socket_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A domain's GPU that is not in the actuator's --gpus: check-config said OK, and run
+    started, failed its first lock of that GPU and exited 6 ("could not reset the SM clock
+    lock of GPU(s) 1; they may still be locked") on a GPU it never locked."""
+    import os
+
+    import gpugov.daemon.node_cli as node_cli
+    import gpugov.daemon.nvml as nvml_module
+    from gpugov.cli import main
+
+    nvml = FakeNvml(2)
+    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: nvml)
+    monkeypatch.setattr(node_cli, "load_pynvml", lambda: nvml)
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+
+    def loop(*args: object, **kwargs: object) -> None:
+        raise AssertionError("run reached its loop")
+
+    monkeypatch.setattr(node_cli, "run", loop)
+    served = Served(FakeNvml(1), socket_path, str(os.getuid()))  # it serves GPU 0 alone
+    config = tmp_path / "split.toml"
+    config.write_text(
+        f'[daemon]\nperiod_s = 0.5\nmetrics_address = ""\nbackend = "actuator"\n'
+        f'actuator = {{ socket = "{socket_path}" }}\n'
+        '[[domains]]\nname = "a"\ngpus = [0]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n'
+        '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
+        '[[domains]]\nname = "b"\ngpus = [1]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n'
+        '[domains.engine]\nurl = "http://127.0.0.1:10/metrics"\n'
+    )
+    line = (
+        f"gpugov: error: domain 'b': GPU 1 is not one the actuator at {socket_path} serves "
+        "(it serves GPU 0); add it to gpugov actuator --gpus, or leave it out of the domain"
+    )
+    try:
+        assert main(["check-config", str(config)]) == 2
+        assert capsys.readouterr().err.splitlines() == [line]
+        assert main(["run", "--config", str(config)]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == line
+    finally:
+        served.stop()
+    assert nvml.writes == []  # nothing was locked, nor reset
