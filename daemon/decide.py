@@ -649,13 +649,18 @@ def _hinted_prior(
     spec: OnlineMPCControllerConfig, gpu_name: str | None, gpu_count: int | None
 ) -> Any:
     """The prior of ``spec.prior``'s hints (None when they give none; one warning line
-    for a GPU name that is unknown or, with ``auto``, not reported)."""
+    for a GPU name that is unknown or, with ``auto``, not reported). A ``gpu`` left out
+    is the domain's first GPU's name where it reports one, as the TP degree left out is
+    the domain's GPU count: a parameter count alone gave no prior, and turned the
+    automatic hints off unsaid."""
     from gpugov.controllers.online.prior import AUTO, PriorHints, prior_from_hints
 
     hints = spec.prior
     assert hints is not None
     gpu = hints.gpu
-    if gpu is not None and gpu.strip().lower() == AUTO:
+    if gpu is None:
+        gpu = gpu_name
+    elif gpu.strip().lower() == AUTO:
         gpu = gpu_name
         if not gpu:
             log.warning(

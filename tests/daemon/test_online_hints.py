@@ -112,6 +112,20 @@ def test_auto_takes_the_nvml_name_and_the_domain_size(caplog: pytest.LogCaptureF
     assert "auto" in lines[0] and "V100" in lines[1]
 
 
+def test_an_omitted_gpu_is_the_nvml_name() -> None:
+    """A prior of a parameter count alone takes the domain's GPU as ``auto`` does, as its
+    TP degree defaults to the domain's GPU count; it gave no prior and, configured, it
+    turned the automatic hints off too, with no line said."""
+    spec = OnlineMPCControllerConfig(kind="mpc-online", prior=PriorHintsConfig(params_b=70.0))
+    controller = online_controller(spec, gpu_names=("NVIDIA H100 80GB HBM3",) * 4, gpu_count=4)
+    assert isinstance(controller, OnlineMPCController)
+    assert controller.prior is not None and controller.prior.time_table
+    assert controller.prior.board_power_w == pytest.approx(4 * GPUS["h100"].tdp_w)
+    assert "70B" in controller.prior.source
+    # No GPU name known (an offline check of the config): no prior, as before.
+    assert online_controller(spec).prior is None  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
