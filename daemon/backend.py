@@ -61,7 +61,7 @@ class GpuSample:
     ) -> GpuSample:
         """A sample from a backend's raw readings (the fields above, in base units): a
         reading no GPU can give (NaN, infinite, a negative power, energy or clock, a power
-        above :data:`MAX_GPU_POWER_W`, a temperature outside
+        above :data:`MAX_GPU_POWER_W`, a power limit of 0 or above it, a temperature outside
         :data:`GPU_TEMPERATURE_RANGE_C`, a utilisation outside [0, 1], event reasons that
         are no 64-bit mask) is None and
         named in ``read_errors``, as a failed read is, so one bad value from a driver or
@@ -88,6 +88,11 @@ MAX_GPU_POWER_W = 50_000.0
 """No GPU draws that much (the largest boards and modules draw under 3 kW, the TP group
 one ``gpugov emulate`` GPU stands for under 12 kW): a power reading above it is a
 sensor fault (0xFFFFFFFF mW, 1e9 mW), never a load to plan for."""
+MIN_POWER_LIMIT_W = 0.001
+"""The least power limit a GPU can hold: one milliwatt, NVML's unit. A limit of 0 (or one
+above :data:`MAX_GPU_POWER_W`, NVML's 0xFFFFFFFF mW for an unknown value) is no limit: taken
+as one, a domain's limit and the power budget read from NVML were that much less (or 4.3
+MW more)."""
 GPU_TEMPERATURE_RANGE_C = (-50.0, 150.0)
 """The die temperatures a GPU can report: every GPU shuts down far below 150 C, and a
 reading of 255 C (an 8-bit sensor's fault value) would have the MPC cool a healthy GPU
@@ -100,7 +105,7 @@ _READINGS: dict[str, tuple[str, float, float]] = {
     "sm_clock_mhz": ("sm_clock", 0.0, math.inf),
     "utilization": ("utilization", 0.0, 1.0),
     "clock_event_reasons": ("clock_event_reasons", 0.0, 2.0**64 - 1.0),
-    "power_limit_w": ("power_limit", 0.0, math.inf),
+    "power_limit_w": ("power_limit", MIN_POWER_LIMIT_W, MAX_GPU_POWER_W),
 }
 """Per sample field: the read it comes from (its name in ``read_errors``) and the values
 it can take (:meth:`GpuSample.read`; finite in every case)."""

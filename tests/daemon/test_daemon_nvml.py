@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import fake_pynvml as fp
 import pytest
@@ -406,6 +407,45 @@ def test_a_utilisation_past_100_percent_from_nvml_is_a_failed_read(
     assert sample.utilization is None and sample.read_errors == ("utilization",)
     fake_nvml.gpus[0].utilization_pct = 100
     assert NvmlBackend(0, nvml=fake_nvml).sample().utilization == 1.0
+
+
+@pytest.mark.parametrize("limit_mw", [0, 0xFFFFFFFF])
+def test_an_enforced_power_limit_no_gpu_has_is_a_failed_read(
+    fake_nvml: FakeNvml, limit_mw: int, metrics_server: MetricsServer
+) -> None:
+    """An enforced power limit of 0 W, or NVML's 0xFFFFFFFF mW for an unknown value
+    (4.3 MW), was taken as read: exported as the GPU's limit, summed into the domain's,
+    and the node's power budget from NVML became 700 W for two 700 W GPUs drawing it
+    (or 4.3 MW). It is a failed read of that field, as bounds no GPU has are."""
+    fake_nvml.gpus[0].power_limit_mw = limit_mw
+    sample = NvmlBackend(0, nvml=fake_nvml).sample()
+    assert sample.power_limit_w is None and sample.read_errors == ("power_limit",)
+    assert sample.power_w == pytest.approx(350.0)
+    fake_nvml.gpus[0].power_limit_mw = 700_000
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0, 1],
+                    "engine": {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake_nvml)
+
+    def limit_goes_bad(step: int, records: list[Any]) -> None:
+        fake_nvml.gpus[0].power_limit_mw = limit_mw
+
+    try:
+        records, _ = run_ticks(assembled.domains, 4, on_step=limit_goes_bad)
+        assert assembled.domains[0].budget.sources_w == {"nvml": 1400.0}
+    finally:
+        assembled.close()
+    assert all(r.observation.power_limit_w in (1400.0, None) for r in records)
 
 
 def test_the_fake_has_every_nvml_error_code_and_class_pynvml_has() -> None:
