@@ -99,10 +99,18 @@ def _gpu_id(value: Any) -> int | str:
         return value
     if isinstance(value, str) and re.fullmatch(GPU_UUID_PATTERN, value):
         return value
+    if isinstance(value, str) and re.fullmatch(_PCI_BUS_ID, value.strip()):
+        raise ValueError(
+            f"{value!r} is a PCI bus id, which gpus does not take: name the GPU by its NVML "
+            "index or UUID (nvidia-smi -L lists both)"
+        )
     raise ValueError(
         f"a GPU is an NVML index (0 to {MAX_GPU_INDEX}) or a GPU-/MIG- UUID, got {value!r}"
     )
 
+
+_PCI_BUS_ID = r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
+"""A PCI bus id as nvidia-smi and NVML print it (``00000000:18:00.0``, ``0000:18:00.0``)."""
 
 GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
 

@@ -59,6 +59,13 @@ def test_defaults() -> None:
         ),
         (_domain(gpus=["eth0"]), "domains[0].gpus[0]", "NVML index"),
         (_domain(gpus=[-1]), "domains[0].gpus[0]", "NVML index"),
+        # A PCI bus id (nvidia-smi -i takes one) was refused without saying it is one.
+        (
+            _domain(gpus=["00000000:18:00.0"]),
+            "domains[0].gpus[0]",
+            "'00000000:18:00.0' is a PCI bus id, which gpus does not take: name the GPU by "
+            "its NVML index or UUID (nvidia-smi -L lists both)",
+        ),
         (_domain(name="has space"), "domains[0].name", "pattern"),
         (_domain(engine={"url": "ftp://x"}), "domains[0].engine.url", "http://"),
         (
