@@ -141,6 +141,29 @@ def pool_warnings(config: GpugovConfig, pools: Mapping[int, str]) -> list[str]:
     return lines
 
 
+def tensor_group_warnings(config: GpugovConfig, replicas: Sequence[Sequence[int]]) -> list[str]:
+    """One line per engine replica of an emulator (``replicas``: each one's GPUs,
+    :func:`daemon.emulated.emulated_replicas`) whose tensor-parallel group of GPUs is
+    split over domains, or governed in part: a group runs at its slowest GPU's clock, so
+    its domains' controllers fight over one clock and none sees the group it sets."""
+    owner = {gpu: domain.name for domain in config.domains for gpu in domain.gpus}
+    lines = []
+    for index, gpus in enumerate(replicas):
+        domains = {owner.get(gpu) for gpu in gpus}
+        if len(gpus) < 2 or len(domains) == 1:
+            continue  # one GPU, or one domain (or none) for the whole group
+        where = ", ".join(
+            f"GPU {gpu} in " + (f"domain {owner[gpu]!r}" if gpu in owner else "no domain")
+            for gpu in gpus
+        )
+        lines.append(
+            f"the emulator's replica {index} (GPUs {', '.join(map(str, gpus))}: one "
+            f"tensor-parallel group) is split: {where}; the group runs at its slowest GPU's "
+            "clock, so give one domain all of its GPUs"
+        )
+    return lines
+
+
 def period_warnings(config: GpugovConfig) -> list[str]:
     """One line per ``mpc-online`` domain whose loop runs slower than the controller's
     recommended period (:data:`ONLINE_PERIOD_S`, its default alone and in every simulated
@@ -477,12 +500,17 @@ def _open_gpus(
         report.lines.append("GPU checks skipped: nvidia-smi is not installed here")
         return None
     elif kind == "emulated":
-        from gpugov.daemon.emulated import emulated_device_count, emulated_gpu_roles
+        from gpugov.daemon.emulated import (
+            emulated_device_count,
+            emulated_gpu_roles,
+            emulated_replicas,
+        )
 
         emulator = str(config.daemon.emulator)
         try:
             count = emulated_device_count(emulator)
             pools = emulated_gpu_roles(emulator)
+            replicas = emulated_replicas(emulator) or []
         except GpuUnavailable as error:
             report.problems.append(
                 GpuUnavailable(
@@ -492,6 +520,7 @@ def _open_gpus(
             return {}
         report.lines.append(f"emulator {emulator}: answers, {count} GPU(s)")
         report.warnings.extend(pool_warnings(config, pools))
+        report.warnings.extend(tensor_group_warnings(config, replicas))
     opened: dict[str, list[GpuBackend]] = {}
     uuids: dict[str, tuple[str, str]] = {}
     for domain in config.domains:

@@ -74,6 +74,56 @@ def test_an_outside_controller_that_caps_power_is_refused_by_check_config_as_by_
         assert capsys.readouterr().err.splitlines() == [run_line]
 
 
+def test_a_tensor_parallel_group_split_over_domains_is_one_warning_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two replicas of two tensor-parallel GPUs each, governed as domains of one GPU (or a
+    group's GPU in no domain): each group ran at its slowest GPU's clock, two controllers
+    fighting over it, and check-config said OK."""
+    from synthetic import make_profile
+
+    from gpugov.plant import ServingPlant
+
+    monkeypatch.setattr(node_cli, "load_pynvml", lambda: None)
+    node = EmulatedNode(ServingPlant.from_profile(make_profile()), gpus=4, tensor_parallel=2)
+    server = EmulatorServer(node, "127.0.0.1", 0)
+    server.start()
+    try:
+        config = tmp_path / "split.toml"
+        text = f'[daemon]\nmetrics_address = ""\nbackend = "emulated"\nemulator = "{server.url}"\n'
+        for name, gpus, replica in (("a", "[0]", 0), ("b", "[1]", 0), ("c", "[2]", 1)):
+            text += (
+                f'[[domains]]\nname = "{name}"\ngpus = {gpus}\nttft_slo_s = 1.0\n'
+                f"tpot_slo_s = 0.05\n[domains.engine]\n"
+                f'url = "{server.url}/replica/{replica}/metrics"\n'
+            )
+        config.write_text(text)
+        assert node_cli.main(["check-config", str(config)]) == 0
+        split = "gpugov: warning: the emulator's replica"
+        warnings = [line for line in capsys.readouterr().err.splitlines() if split in line]
+        assert warnings == [
+            "gpugov: warning: the emulator's replica 0 (GPUs 0, 1: one tensor-parallel group) "
+            "is split: GPU 0 in domain 'a', GPU 1 in domain 'b'; the group runs at its slowest "
+            "GPU's clock, so give one domain all of its GPUs",
+            "gpugov: warning: the emulator's replica 1 (GPUs 2, 3: one tensor-parallel group) "
+            "is split: GPU 2 in domain 'c', GPU 3 in no domain; the group runs at its slowest "
+            "GPU's clock, so give one domain all of its GPUs",
+        ]
+        # One domain per group, each on its replica's page: no warning.
+        whole = f'[daemon]\nmetrics_address = ""\nbackend = "emulated"\nemulator = "{server.url}"\n'
+        for name, gpus, replica in (("a", "[0, 1]", 0), ("c", "[3, 2]", 1)):
+            whole += (
+                f'[[domains]]\nname = "{name}"\ngpus = {gpus}\nttft_slo_s = 1.0\n'
+                f"tpot_slo_s = 0.05\n[domains.engine]\n"
+                f'url = "{server.url}/replica/{replica}/metrics"\n'
+            )
+        config.write_text(whole)
+        assert node_cli.main(["check-config", str(config)]) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        server.close()
+
+
 def _lock(emulator: str, gpu: int) -> None:
     backend = EmulatedBackend(gpu, emulator=emulator)
     backend.lock_clocks(900, 900)
