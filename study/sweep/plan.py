@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +42,9 @@ from gpugov.study.sweep.grid import (
 
 MAX_GRID_CELLS = 100_000
 """Most cells one grid expands to."""
+CELL_CHECK = 0.02
+"""A cell's keying in the planning's progress, where loading a profile or a trace, or
+building a controller on a profile, is one (keying a cell is some fifty times quicker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +172,16 @@ class SweepPlan:
     shared: dict[str, Any]
 
 
-def plan_sweep(path: Path) -> SweepPlan:
+PlanProgress = Callable[[float, float, str], None]
+"""Hears the planning's checks done, their total and what was checked last: a grid of
+many profiles and controllers builds each controller on each profile (minutes for
+thousands), and a large trace loads for seconds."""
+
+
+def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
     """Read ``path``, load every trace window and profile, check every controller spec,
-    and list the cells with their keys.
+    and list the cells with their keys; ``on_check`` hears each profile and trace loaded
+    and each controller built on a profile.
 
     Raises:
         UsageError: a bad grid, an unknown or unreadable trace or profile, a bad
@@ -206,6 +216,16 @@ def plan_sweep(path: Path) -> SweepPlan:
         ("controllers", controller_ids),
     ):
         _refuse_the_same_twice(path, key, ids)
+    checks = len(grid.profiles) * (1 + len(grid.controllers)) + len(grid.traces)
+    checks += total * CELL_CHECK  # every cell keyed: seconds for 100,000 of them
+    done = 0.0
+
+    def checked(what: str, units: float = 1.0) -> None:
+        nonlocal done
+        done += units
+        if on_check is not None:
+            on_check(done, checks, what)
+
     shared: dict[str, Any] = {}
     checksums: dict[str, str] = {}
     profiles: dict[str, PerformanceProfile] = {}
@@ -216,6 +236,7 @@ def plan_sweep(path: Path) -> SweepPlan:
             raise UsageError(f"{path}: key 'profiles': {error}") from error
         profiles[entry] = profile
         shared[f"profile:{entry}"] = profile
+        checked(f"profile {entry}")
     _check_before_traces(path, grid, profiles)
     for entry in grid.traces:
         try:
@@ -229,6 +250,7 @@ def plan_sweep(path: Path) -> SweepPlan:
             raise UsageError(f"{path}: key 'traces': {error}") from error
         shared[f"trace:{entry}"] = workload
         checksums[entry] = workload_checksum(workload)
+        checked(f"trace {entry}")
     _check_cells(path, grid, profiles, shared)
     first = shared[f"trace:{grid.traces[0]}"]
     for spec in grid.controllers:
@@ -246,6 +268,7 @@ def plan_sweep(path: Path) -> SweepPlan:
                 raise UsageError(
                     f"{path}: key 'controllers' ({entry}): {_spec_message(error)}"
                 ) from error
+            checked(f"controller {spec} on {entry}")
     settings = grid.settings()
     contents = {spec: _spec_contents(path, spec) for spec in grid.controllers}
     # A cell's key holds its files as resolved (trace_ids, profile_ids, controller_ids)
@@ -295,6 +318,10 @@ def plan_sweep(path: Path) -> SweepPlan:
                                 files_changed_at_s=changed,
                             )
                         )
+                        if len(cells) % 1000 == 0:
+                            checked(f"{len(cells):,} of {total:,} cells keyed", 1000 * CELL_CHECK)
+    if len(cells) % 1000:
+        checked(f"{len(cells):,} of {total:,} cells keyed", len(cells) % 1000 * CELL_CHECK)
     return SweepPlan(grid, tuple(cells), shared)
 
 
@@ -402,6 +429,7 @@ def _safety(settings: Mapping[str, Any]) -> SafetySettings:
 
 __all__ = [
     "MAX_GRID_CELLS",
+    "PlanProgress",
     "SweepCell",
     "SweepPlan",
     "cell_key",

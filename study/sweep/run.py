@@ -223,7 +223,15 @@ def run_sweep(
             f"--out {out}: {results_path.name} already holds results; add --resume to "
             "continue that sweep, or choose another --out"
         )
-    plan = plan_sweep(grid_path)
+    # Planning builds every controller on every profile and keys every cell: minutes for
+    # a grid of thousands, which said nothing until the first cell ran.
+    with Progress(0, "sweep", unit="checks", stream=progress_stream, quiet_start_s=5.0) as bar:
+
+        def on_check(done: float, total: float, what: str) -> None:
+            bar.total = total
+            bar.update(done, f"checking the grid: {what}")
+
+        plan = plan_sweep(grid_path, on_check)
     write_grid_copy = check_outputs_not_inputs(plan, grid_path, out)
     with runner_ready(spec):  # Ray joined before DIR is made or progress printed
         prepare_output_dir("--out", out)

@@ -8,11 +8,14 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpugov.cli import main
-from gpugov.study.sweep import SUMMARY_JSON, SUMMARY_MD
+from gpugov.daemon.progress import Progress
+from gpugov.study.sweep import SUMMARY_JSON, SUMMARY_MD, plan_sweep
+from gpugov.study.sweep import run as sweep_run
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
@@ -101,3 +104,53 @@ def test_a_failed_cell_is_named_in_the_summaries(
     assert len(named) == 1
     assert "failed on 1 cell(s), first short.csv, h100-sxm-llama3-8b" in named[0]
     assert "no model past 2 s" in named[0]
+
+
+def test_checking_a_grid_counts_every_load_build_and_cell(tmp_path: Path) -> None:
+    # A grid of many profiles and controllers was checked in silence: each controller
+    # built on each profile, every cell keyed (minutes for thousands), before any line.
+    _trace(tmp_path / "short.csv")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["short.csv"]\n'
+        'profiles = ["h100-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b"]\n'
+        'controllers = ["max", "fixed:1200", "reactive"]\n'
+        f"seeds = {list(range(500))}\n"
+    )
+    heard: list[tuple[float, float, str]] = []
+    plan = plan_sweep(grid, lambda done, total, what: heard.append((done, total, what)))
+    assert len(plan.cells) == 3000
+    totals = {total for _, total, _ in heard}
+    assert len(totals) == 1
+    assert heard[-1][0] == pytest.approx(totals.pop())
+    assert [done for done, _, _ in heard] == sorted(done for done, _, _ in heard)
+    said = [what for _, _, what in heard]
+    for profile in ("h100-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b"):
+        assert f"profile {profile}" in said
+        for controller in ("max", "fixed:1200", "reactive"):
+            assert f"controller {controller} on {profile}" in said
+    assert "trace short.csv" in said
+    assert said[-1] == "3,000 of 3,000 cells keyed"
+
+
+def test_the_grids_check_is_a_progress_line_with_an_eta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def eager(*args: Any, **kwargs: Any) -> Progress:  # a line at every update
+        kwargs.pop("quiet_start_s", None)
+        return Progress(*args, log_interval_s=0.0, tty=False, **kwargs)
+
+    monkeypatch.setattr(sweep_run, "Progress", eager)
+    _trace(tmp_path / "short.csv")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["short.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
+    )
+    stream = io.StringIO()
+    sweep_run.run_sweep(grid, tmp_path / "out", progress_stream=stream, say=lambda line: None)
+    checking = [line for line in stream.getvalue().splitlines() if "checking the grid" in line]
+    assert checking[-1].startswith("sweep: 100.0% (3/3 checks), elapsed ")
+    assert all(", ETA " in line for line in checking)
+    assert checking[-1].endswith("checking the grid: 1 of 1 cells keyed")
+    built = "checking the grid: controller max on h100-sxm-llama3-8b"
+    assert any(line.endswith(built) for line in checking)
