@@ -208,6 +208,8 @@ class NvmlBackend:
             _const(self._nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU),
             _const(self._nvml, "NVML_POWER_SCOPE_MODULE", POWER_SCOPE_MODULE),
         )
+        self._power_said = ""
+        """The last power source said (:meth:`_say_power_source`)."""
         self._use_temperature_v = True
         self._event_reasons_name = "nvmlDeviceGetCurrentClocksEventReasons"
 
@@ -307,29 +309,47 @@ class NvmlBackend:
             return None
 
     def _power(self) -> float:
-        """Instant power (field 186) in watts; the 1 s average getter where unsupported."""
+        """Instant power (field 186) in watts, at GPU scope, else MODULE scope (Grace-Hopper),
+        else the 1 s average getter; a scope NVML does not read is passed over within the
+        same sample, and each source other than GPU scope is said once (INFO)."""
         nvml = self._nvml
-        if self._power_scopes:
-            power_field = _const(nvml, "NVML_FI_DEV_POWER_INSTANT", FI_DEV_POWER_INSTANT)
+        power_field = _const(nvml, "NVML_FI_DEV_POWER_INSTANT", FI_DEV_POWER_INSTANT)
+        while self._power_scopes:
+            scope = self._power_scopes[0]
             try:
                 values = self._call(
                     "read power field",
                     nvml.nvmlDeviceGetFieldValues,
                     self._handle,
-                    [(power_field, self._power_scopes[0])],
+                    [(power_field, scope)],
                 )
             except NotSupported:
-                values = None
                 self._power_scopes = ()
-            if values is not None:
-                code = int(values[0].nvmlReturn)
-                if code == _const(nvml, "NVML_SUCCESS", 0):
-                    return _field_value(nvml, values[0]) / 1000.0
-                if code in _PERMANENT_FIELD_CODES:
-                    # GPU scope fails on Grace-Hopper C2C parts (Zeus): try MODULE scope next,
-                    # then the averaged getter for good.
-                    self._power_scopes = self._power_scopes[1:]
+                break
+            code = int(values[0].nvmlReturn)
+            if code == _const(nvml, "NVML_SUCCESS", 0):
+                if scope != _const(nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU):
+                    self._say_power_source(
+                        "its power is read at MODULE scope (the whole Grace-Hopper module: "
+                        "GPU, CPU and memory): NVML reads no GPU-scope instant power"
+                    )
+                return _field_value(nvml, values[0]) / 1000.0
+            if code not in _PERMANENT_FIELD_CODES:
+                break  # a passing failure: this sample's power from the average getter
+            # GPU scope fails on Grace-Hopper C2C parts (Zeus): MODULE scope next.
+            self._power_scopes = self._power_scopes[1:]
+        if not self._power_scopes:
+            self._say_power_source(
+                "NVML reads no instant power; its power is the 1 s average "
+                "(nvmlDeviceGetPowerUsage)"
+            )
         return float(self._call("read power", nvml.nvmlDeviceGetPowerUsage, self._handle)) / 1000.0
+
+    def _say_power_source(self, line: str) -> None:
+        """One INFO line the first time the power comes from ``line``'s source."""
+        if line != self._power_said:
+            self._power_said = line
+            log.info("GPU %s: %s", self._label, line)
 
     def _energy(self) -> float:
         """The energy counter in joules, read at every sample.

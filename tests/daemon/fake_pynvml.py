@@ -195,6 +195,9 @@ class FakeGpu:
     memory_clocks_mhz: tuple[int, ...] = (2619,)
     graphics_clocks_mhz: tuple[int, ...] = tuple(range(1980, 344, -15))  # descending, as NVML
     field_power_supported: bool = True
+    module_power_mw: int | None = None
+    """A Grace-Hopper module's power: its instant power field answers NOT_SUPPORTED at GPU
+    scope and this at MODULE scope (None: a discrete board, GPU scope only)."""
     max_clock_mhz: int | None = None
     """The highest SM clock the board runs at (``nvmlDeviceGetMaxClockInfo``); None: the
     top listed clock. A GeForce or power-limited board lists graphics clocks above it."""
@@ -204,6 +207,8 @@ class FakeGpu:
     def __post_init__(self) -> None:
         if not self.uuid:
             self.uuid = f"GPU-fake-{self.index:04d}"
+        if self.max_clock_mhz is not None:  # it idles unlocked at its own top clock
+            self.sm_clock_mhz = min(self.sm_clock_mhz, self.max_clock_mhz)
 
     def top_clock_mhz(self) -> int:
         """The highest SM clock it runs at: its max clock, else the top listed one."""
@@ -326,7 +331,14 @@ class FakeNvml:
         for item in fieldIds:
             field_id, scope = item if isinstance(item, tuple) else (item, 0)
             value = FieldValue(fieldId=field_id, scopeId=scope)
-            if field_id == NVML_FI_DEV_POWER_INSTANT and handle.field_power_supported:
+            module = handle.module_power_mw
+            if field_id == NVML_FI_DEV_POWER_INSTANT and module is not None:
+                if scope == NVML_POWER_SCOPE_MODULE:
+                    value.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+                    value.value.uiVal = module
+                else:
+                    value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+            elif field_id == NVML_FI_DEV_POWER_INSTANT and handle.field_power_supported:
                 value.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
                 value.value.uiVal = handle.power_mw
             elif field_id == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:

@@ -267,6 +267,31 @@ def test_power_falls_back_to_average_getter() -> None:
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
 
 
+def test_a_grace_hopper_modules_power_is_read_at_module_scope_from_the_first_sample(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """GPU scope unsupported (a Grace-Hopper module): the first sample read the 1 s
+    average getter and only the next ones MODULE scope, a jump in silence from the GPU's
+    average to the module's instant power (GPU, CPU and memory). Each power source other
+    than the GPU's instant power is said once; every sample reads the module's."""
+    gpu = fp.FakeGpu(index=0, module_power_mw=600_000)
+    fake = FakeNvml([gpu])
+    backend = NvmlBackend(0, nvml=fake)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.nvml"):
+        assert [backend.sample().power_w for _ in range(3)] == [pytest.approx(600.0)] * 3
+        assert "nvmlDeviceGetPowerUsage" not in fake.calls
+        gpu.module_power_mw = None
+        gpu.field_power_supported = False  # and no instant power at all: the average
+        other = NvmlBackend(0, nvml=fake)
+        assert [other.sample().power_w for _ in range(2)] == [pytest.approx(340.0)] * 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: its power is read at MODULE scope (the whole Grace-Hopper module: GPU, CPU "
+        "and memory): NVML reads no GPU-scope instant power",
+        "GPU 0: NVML reads no instant power; its power is the 1 s average "
+        "(nvmlDeviceGetPowerUsage)",
+    ]
+
+
 def test_temperature_and_event_reason_fallbacks() -> None:
     fake = FakeNvml(1)
     fake.remove("nvmlDeviceGetTemperatureV")
