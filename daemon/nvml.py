@@ -12,15 +12,17 @@ Reads per sample (see ``docs/nvml-notes.md``): instant power through
 if read now, gave a tick no energy and the next twice its own), temperature
 (``TemperatureV``, falls back to the deprecated ``Temperature``), SM clock, utilisation,
 clock-event reasons (the new name, falls back to the ``Throttle`` name on
-FUNCTION_NOT_FOUND) and the enforced power limit. A read that is unsupported is dropped
-for good; a transient failure leaves the field None for this sample and is named in
-``GpuSample.read_errors``; a lost GPU raises :class:`~daemon.errors.GpuLost`.
+FUNCTION_NOT_FOUND) and the enforced power limit. A read that is unsupported is left out
+and tried again once a minute; a transient failure leaves the field None for this sample
+and is named in ``GpuSample.read_errors``; a lost GPU raises
+:class:`~daemon.errors.GpuLost`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -48,6 +50,10 @@ POWER_SCOPE_MODULE = 1
 # Per-field return codes that will not change on the next call: INVALID_ARGUMENT,
 # NOT_SUPPORTED, FUNCTION_NOT_FOUND.
 _PERMANENT_FIELD_CODES = frozenset({2, 3, 13})
+UNSUPPORTED_READ_RETRY_S = 60.0
+"""A read NVML said it does not support is tried again after this long: dropped for good,
+one spurious NOT_SUPPORTED (a driver in trouble, MIG mode switched off again) left the SM
+clock, and so every lock's readback, or the utilisation unread for the rest of the run."""
 
 
 def load_pynvml() -> ModuleType:
@@ -170,6 +176,7 @@ class NvmlBackend:
         gpu: int | str = 0,
         *,
         nvml: ModuleType | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._nvml: Any = nvml or load_pynvml()
         self._closed = False
@@ -203,7 +210,9 @@ class NvmlBackend:
         self._supported: tuple[int, ...] | None = None
         self._bounds_warned = False
         """Implausible power limit bounds were warned about (:meth:`power_limit_constraints_w`)."""
-        self._dropped: set[str] = set()
+        self._clock = clock
+        self._dropped: dict[str, float] = {}
+        """Per read NVML does not support, when it last said so (:meth:`_read`)."""
         self._power_scopes: tuple[int, ...] = (
             _const(self._nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU),
             _const(self._nvml, "NVML_POWER_SCOPE_MODULE", POWER_SCOPE_MODULE),
@@ -290,16 +299,20 @@ class NvmlBackend:
         return kept
 
     def _read(self, name: str, errors: list[str], function: Callable[[], T]) -> T | None:
-        """Run one read; drop it for good if unsupported, count it if transient."""
-        if name in self._dropped:
+        """Run one read: one NVML does not support is left out, and tried again once
+        :data:`UNSUPPORTED_READ_RETRY_S` has passed (one line when it stops, one when it
+        reads again); a transient failure is named in ``errors``."""
+        dropped_s = self._dropped.get(name)
+        if dropped_s is not None and self._clock() - dropped_s < UNSUPPORTED_READ_RETRY_S:
             return None
         try:
-            return function()
+            value = function()
         except GpuLost:
             raise
         except NotSupported:
-            self._dropped.add(name)
-            log.info("GPU %s: %s not supported; no longer read", self._label, name)
+            if dropped_s is None:
+                log.info("GPU %s: %s not supported; tried again once a minute", self._label, name)
+            self._dropped[name] = self._clock()
             return None
         except GpuUnavailable:
             raise
@@ -307,6 +320,9 @@ class NvmlBackend:
             errors.append(name)
             log.debug("GPU %s: %s failed: %s", self._label, name, error)
             return None
+        if self._dropped.pop(name, None) is not None:
+            log.info("GPU %s: %s reads again", self._label, name)
+        return value
 
     def _power(self) -> float:
         """Instant power (field 186) in watts, at GPU scope, else MODULE scope (Grace-Hopper),

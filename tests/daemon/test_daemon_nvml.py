@@ -322,13 +322,32 @@ def test_transient_read_error_is_counted_and_survived() -> None:
     assert again.sm_clock_mhz == 1980 and again.read_errors == ()
 
 
-def test_unsupported_read_is_dropped_for_good() -> None:
+def test_an_unsupported_read_is_left_out_and_tried_again_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read NVML once said it does not support was dropped for good: one spurious
+    NOT_SUPPORTED (a driver in trouble, MIG mode switched off again) and the SM clock,
+    and so the readback of every lock, or the utilisation, was never read again. It is
+    left out and tried again once a minute; one line when it stops, one when it reads."""
     fake = FakeNvml(1)
-    backend = NvmlBackend(0, nvml=fake)
-    fake.fail("nvmlDeviceGetUtilizationRates", fp.NVML_ERROR_NOT_SUPPORTED, times=1)
-    assert backend.sample().utilization is None
-    assert backend.sample().utilization is None
-    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 1
+    now = [0.0]
+    backend = NvmlBackend(0, nvml=fake, clock=lambda: now[0])
+    fake.fail("nvmlDeviceGetClockInfo", fp.NVML_ERROR_NOT_SUPPORTED, times=2)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.nvml"):
+        assert backend.sample().sm_clock_mhz is None
+        now[0] = 59.0
+        assert backend.sample().sm_clock_mhz is None
+        assert fake.calls["nvmlDeviceGetClockInfo"] == 1  # not asked within the minute
+        now[0] = 60.0
+        assert backend.sample().sm_clock_mhz is None  # asked: still not supported
+        now[0] = 120.0
+        sample = backend.sample()
+    assert sample.sm_clock_mhz == 1980.0 and sample.read_errors == ()
+    assert fake.calls["nvmlDeviceGetClockInfo"] == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: sm_clock not supported; tried again once a minute",
+        "GPU 0: sm_clock reads again",
+    ]
 
 
 def test_lost_gpu_raises_on_sample(fake_nvml: FakeNvml) -> None:
