@@ -60,7 +60,7 @@ from gpugov.study.scoreboard.scenarios import (
     _full_trace,
     keep_full_trace,
 )
-from gpugov.study.scoreboard.windows import window_lines, window_starts
+from gpugov.study.scoreboard.windows import overlap_lines, window_lines, window_starts
 
 
 def expand_profiles(names: Sequence[str]) -> list[str]:
@@ -496,6 +496,8 @@ def _run_from_args(
     print(short_table(payload))
     if payload.get("window_summary"):
         print("\n".join(window_lines(payload["window_summary"])))
+    for line in overlap_lines(payload.get("window_overlaps", ())):
+        warn(f"--windows: not held out: {line}; lower --windows or --duration")
     for path in paths.values():
         wrote(path)
     if report_dir is not None:

@@ -134,6 +134,7 @@ from gpugov.study.scoreboard.solvers import (
 from gpugov.study.scoreboard.windows import (
     summarize_windows,
     window_fields,
+    window_overlaps,
     window_starts,
 )
 
@@ -697,6 +698,7 @@ def run_scoreboard(
                 trace: list(values) for trace, values in starts.items() if trace not in failed
             },
             "window_summary": summarize_windows(rows),
+            "window_overlaps": window_overlaps(scenarios),
         }
     return {
         "benchmark": "controllers",

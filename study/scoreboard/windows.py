@@ -50,6 +50,50 @@ def window_starts(
     return tuple(float(round((first + k * spacing) % span)) for k in range(count))
 
 
+def window_overlaps(scenarios: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pairs of held-out windows of one trace, profile and load whose source stretches of
+    the trace overlap, each with the seconds they share. A window's source is not its
+    ``--duration``: at ``cap70`` it is ``--duration`` x 0.7 x the capacity scale (three
+    times as long on a light trace), and one that would run past the trace's end is moved
+    back, so two windows, the scoreboard's own among them, can score the same requests."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for info in scenarios:
+        if info.get("window_start_s") is not None:
+            groups.setdefault((info["trace"], info["profile"], info["load"]), []).append(info)
+    out = []
+    for (trace, profile, load), infos in groups.items():
+        for index, first in enumerate(infos):
+            for second in infos[index + 1 :]:
+                start = max(first["source_start_s"], second["source_start_s"])
+                end = min(
+                    first["source_start_s"] + first["source_duration_s"],
+                    second["source_start_s"] + second["source_duration_s"],
+                )
+                if end - start >= 1.0:  # a second or more in common
+                    out.append(
+                        {
+                            "trace": trace,
+                            "profile": profile,
+                            "load": load,
+                            "window_starts_s": [
+                                first["window_start_s"],
+                                second["window_start_s"],
+                            ],
+                            "overlap_s": end - start,
+                        }
+                    )
+    return out
+
+
+def overlap_lines(overlaps: Sequence[dict[str, Any]]) -> list[str]:
+    """One phrase per pair of :func:`window_overlaps`."""
+    return [
+        f"{o['trace']} on {o['profile']} at {o['load']}: the windows @{o['window_starts_s'][0]:g} "
+        f"and @{o['window_starts_s'][1]:g} share {o['overlap_s']:.0f} s of the trace"
+        for o in overlaps
+    ]
+
+
 def missed_requests(result: ServingResult) -> int:
     """Requests of ``result`` that missed their SLO (censored ones included)."""
     attainment = result.metrics.slo_attainment or 0.0
@@ -159,6 +203,16 @@ def window_markdown(payload: dict[str, Any]) -> list[str]:
         "warm-up | median capture | median capture after warm-up |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    overlaps = overlap_lines(payload.get("window_overlaps", ()))
+    if overlaps:
+        lines[-3:-3] = [
+            "",
+            "Not held out from each other: their source stretches of the trace overlap "
+            "(a window's source is longer than --duration where the load scale is above 1, "
+            "and one past the trace's end is moved back; lower --windows or --duration): "
+            + "; ".join(overlaps)
+            + ".",
+        ]
     for s in summary:
         lines.append(
             f"| {s['label']} | {s['holds_slo']}/{s['windows']} | "
@@ -172,9 +226,11 @@ def window_markdown(payload: dict[str, Any]) -> list[str]:
 
 __all__ = [
     "missed_requests",
+    "overlap_lines",
     "summarize_windows",
     "window_fields",
     "window_lines",
     "window_markdown",
+    "window_overlaps",
     "window_starts",
 ]

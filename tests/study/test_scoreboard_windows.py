@@ -13,12 +13,25 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
+from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError
 from gpugov.study.scoreboard import command
 from gpugov.study.scoreboard import run as scoreboard
-from gpugov.study.scoreboard.scenarios import CONTROLLER_ORDER, TRACE_STARTS_S, TRACES, WHOLE_TRACE
-from gpugov.study.scoreboard.windows import summarize_windows, window_starts
+from gpugov.study.scoreboard.scenarios import (
+    CONTROLLER_ORDER,
+    TRACE_STARTS_S,
+    TRACES,
+    WHOLE_TRACE,
+    _full_trace,
+    build_scenario,
+)
+from gpugov.study.scoreboard.windows import (
+    summarize_windows,
+    window_markdown,
+    window_overlaps,
+    window_starts,
+)
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
@@ -74,6 +87,9 @@ def test_tiny_windows_run_scores_every_window(windows_run: tuple[Path, int, str,
     assert f"azure-conv-10min @{starts[1]:g} s" in markdown
     assert f"recorded@{starts[2]:g}" in stderr
     assert "ETA" in stderr
+    # At the recorded load a window's source is its --duration: none overlap.
+    assert payload["window_overlaps"] == []
+    assert "not held out" not in stderr and "Not held out" not in markdown
 
 
 def test_default_config_runs_one_window_per_trace() -> None:
@@ -186,3 +202,68 @@ def test_synthetic_profiles_run_on_the_scoreboard(tmp_path: Path) -> None:
     assert scenario["profile"] == "synthetic-memory-bound"
     assert {row["controller"] for row in payload["rows"]} == set(CONTROLLER_ORDER)
     assert next(r for r in payload["rows"] if r["controller"] == "max")["holds_slo"]
+
+
+def test_windows_whose_source_stretches_overlap_are_named() -> None:
+    # At cap70 a window's source is --duration x 0.7 x the capacity scale: on the bundled
+    # slice and an H100 the 120 s windows from 0 s and 200 s read 279 s and 181 s of the
+    # trace, so they shared requests, and the board called each held out from the other.
+    trace = "azure-conv-10min"
+    full = _full_trace(trace)
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    starts = window_starts(trace, full[0], 120.0, 3)
+    infos = []
+    for start in starts:
+        info = build_scenario(trace, plant, "cap70", 120.0, full, start_s=start).describe()
+        infos.append({**info, "window_start_s": start})
+    spans = {
+        info["window_start_s"]: (
+            info["source_start_s"],
+            info["source_start_s"] + info["source_duration_s"],
+        )
+        for info in infos
+    }
+    overlaps = window_overlaps(infos)
+    assert overlaps, spans  # the light slice's sources are longer than 120 s
+    named = set()
+    for entry in overlaps:
+        first, second = entry["window_starts_s"]
+        (a_start, a_end), (b_start, b_end) = spans[first], spans[second]
+        assert entry["overlap_s"] == pytest.approx(min(a_end, b_end) - max(a_start, b_start))
+        assert entry["overlap_s"] >= 1.0
+        assert (entry["trace"], entry["profile"], entry["load"]) == (
+            trace,
+            "h100-sxm-llama3-8b",
+            "cap70",
+        )
+        named.add((first, second))
+    for index, first in enumerate(starts):
+        for second in starts[index + 1 :]:
+            (a_start, a_end), (b_start, b_end) = spans[first], spans[second]
+            shared = min(a_end, b_end) - max(a_start, b_start)
+            assert ((first, second) in named) == (shared >= 1.0)
+    payload = {
+        "config": {"windows": 3},
+        "window_starts_s": {trace: list(starts)},
+        "window_summary": [_summary_entry()],
+        "window_overlaps": overlaps,
+    }
+    markdown = "\n".join(window_markdown(payload))
+    first, second = overlaps[0]["window_starts_s"]
+    assert f"the windows @{first:g} and @{second:g} share" in markdown
+    assert markdown.index("Not held out") < markdown.index("| controller |")
+
+
+def _summary_entry() -> dict[str, Any]:
+    """One controller's window summary, as summarize_windows writes it."""
+    return {
+        "controller": "max",
+        "label": "max",
+        "windows": 3,
+        "holds_slo": 3,
+        "extra_missed_requests": 0,
+        "mean_energy_saved_fraction": 0.0,
+        "mean_energy_saved_after_warmup_fraction": 0.0,
+        "median_oracle_capture": None,
+        "median_oracle_capture_after_warmup": None,
+    }
