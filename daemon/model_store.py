@@ -4,6 +4,7 @@ the SLO budget window stored with it: :mod:`daemon.stored_slo_window`."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -91,7 +92,9 @@ def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corr
     inspection, ``other`` a model for another GPU or served model); return the new path.
     A name already taken (two set aside in one second: a served model going A, B, A) gets
     a count (``-2``, ``-3``, ...), so no kept file is ever overwritten (one daemon holds a
-    state directory: its lock file)."""
+    state directory: its lock file). Only the :data:`KEPT_LOOKED_AT` newest of a tag are
+    kept, this one always among them: the older ones are never read again, and a daemon
+    whose served model is renamed at every deploy filled its state directory."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
     target = path.with_name(f"{path.name}.{tag}-{stamp}")
     count = 1
@@ -99,6 +102,10 @@ def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corr
         count += 1
         target = path.with_name(f"{path.name}.{tag}-{stamp}-{count}")
     os.replace(path, target)
+    others = [kept for kept in path.parent.glob(f"{path.name}.{tag}-*") if kept != target]
+    for oldest in _newest_first(others)[KEPT_LOOKED_AT - 1 :]:
+        with contextlib.suppress(OSError):  # one that cannot go is tried again next time
+            oldest.unlink()
     return target
 
 
