@@ -101,14 +101,22 @@ def classify_failure(argv: Sequence[str], text: str) -> GpuError:
     return GpuError(message)
 
 
+_NOT_READ = ("", "n/a", "na", "[n/a]", "[not supported]")
+"""What nvidia-smi prints for a field the GPU or driver does not give: no reading, and no
+failed one."""
+
+
 def _number(raw: str) -> float | None:
+    """A field's number; None for one the GPU does not give (:data:`_NOT_READ`).
+
+    Raises:
+        ValueError: anything else that is no number (``[Unknown Error]``, ``ERR!``, a
+            garbled value): nvidia-smi could not read it, a failed read.
+    """
     value = raw.strip()
-    if not value or value.startswith("[") or value.upper() in ("N/A", "NA"):
+    if value.lower() in _NOT_READ:
         return None
-    try:
-        return float(int(value, 16)) if value.lower().startswith("0x") else float(value)
-    except ValueError:
-        return None
+    return float(int(value, 16)) if value.lower().startswith("0x") else float(value)
 
 
 class NvidiaSmiBackend:
@@ -186,7 +194,16 @@ class NvidiaSmiBackend:
                     raise
         if len(row) < 6:
             raise TransientGpuError(f"nvidia-smi -i {self._gpu}: expected 6 fields, got {row}")
-        clock, power, temperature, utilization, limit, reasons = (_number(c) for c in row[:6])
+        names = ("sm_clock", "power", "temperature", "utilization", "power_limit")
+        values: list[float | None] = []
+        errors: list[str] = []
+        for name, cell in zip((*names, "clock_event_reasons"), row[:6], strict=True):
+            try:
+                values.append(_number(cell))
+            except ValueError:  # nvidia-smi could not read it: a failed read of that field
+                values.append(None)
+                errors.append(name)
+        clock, power, temperature, utilization, limit, reasons = values
         # Through GpuSample.read, as the NVML backend: a value no GPU gives (a negative
         # power, NaN, a utilisation past 100 %) costs that reading, not the sample.
         return GpuSample.read(
@@ -197,6 +214,7 @@ class NvidiaSmiBackend:
             utilization=None if utilization is None else utilization / 100.0,
             clock_event_reasons=reasons,
             power_limit_w=limit,
+            read_errors=tuple(errors),
         )
 
     def supported_clocks_mhz(self) -> tuple[int, ...]:
@@ -215,7 +233,10 @@ class NvidiaSmiBackend:
             pairs = []
             for row in csv.reader(io.StringIO(out)):
                 if len(row) >= 2:
-                    memory, graphics = _number(row[0]), _number(row[1])
+                    try:
+                        memory, graphics = _number(row[0]), _number(row[1])
+                    except ValueError:  # a row that is no pair of clocks: not one listed
+                        continue
                     if memory is not None and graphics is not None:
                         pairs.append((memory, graphics))
             if not pairs:

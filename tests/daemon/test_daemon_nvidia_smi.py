@@ -61,6 +61,22 @@ def test_na_fields_are_none() -> None:
     assert sample.power_w is None and sample.sm_clock_mhz is None and sample.utilization is None
 
 
+def test_a_field_nvidia_smi_could_not_read_is_a_failed_read_not_an_absent_one() -> None:
+    """nvidia-smi prints a field it failed to read as ``[Unknown Error]`` (``ERR!`` in its
+    table), where one the GPU lacks is ``[N/A]`` or ``[Not Supported]``: both were None
+    with no failed read named, so gpugov_gpu_read_errors_total and the field's warning
+    never saw a power or clock read failing through nvidia-smi."""
+    backend = NvidiaSmiBackend(
+        0,
+        runner=lambda argv, t: "[Unknown Error], ERR!, 40, [N/A], [Not Supported], 0xZZ\n",
+    )
+    sample = backend.sample()
+    assert sample.sm_clock_mhz is None and sample.power_w is None
+    assert sample.utilization is None and sample.power_limit_w is None
+    assert sample.temperature_c == 40.0
+    assert sample.read_errors == ("sm_clock", "power", "clock_event_reasons")
+
+
 def test_values_no_gpu_gives_cost_their_reading_not_the_sample() -> None:
     """nvidia-smi prints what the driver returns; a negative power, NaN, infinity, a
     utilisation past 100 % or event reasons that are no mask are failed reads (they
@@ -70,7 +86,13 @@ def test_values_no_gpu_gives_cost_their_reading_not_the_sample() -> None:
     assert sample.sm_clock_mhz is None and sample.power_w is None
     assert sample.temperature_c is None and sample.utilization is None
     assert sample.power_limit_w == 700.0 and sample.clock_event_reasons is None
-    assert set(sample.read_errors) == {"sm_clock", "power", "temperature", "utilization"}
+    assert set(sample.read_errors) == {
+        "sm_clock",
+        "power",
+        "temperature",
+        "utilization",
+        "clock_event_reasons",  # 0xZZ, as its docstring says; it was left uncounted
+    }
 
 
 @pytest.mark.parametrize(
