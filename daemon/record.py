@@ -62,6 +62,12 @@ RECORD_QUEUE_TICKS = 1000
 (0.05 s); a tick is a line of about 1 kB per domain, so a few MB at most. A healthy disk
 takes each tick's lines in well under a millisecond."""
 
+RECORD_ROTATE_BYTES = 100_000_000
+"""The size at which a node's recording goes on in a new file at its path, the full one
+kept as ``FILE.1`` (:func:`keep_previous_recordings`): about a day of one domain at the
+default period of 1 s. Recorded for months, a node's recording filled its disk; with
+the :data:`RECORD_KEEP_PREVIOUS` kept, the recording takes at most 400 MB."""
+
 
 class RecordingError(GpugovError):
     """A recording file is unreadable or not a gpugov recording (names file and line)."""
@@ -545,7 +551,9 @@ class Recorder:
     last line is dropped by :func:`read_recording`).
 
     A node's recording keeps the earlier ones at its path (:func:`keep_previous_recordings`);
-    a simulated run's overwrites its file.
+    a simulated run's overwrites its file. A node's recording that reaches
+    ``rotate_bytes`` goes on in a new file at its path, its header first, the full one
+    kept the same way (a simulated run's recording is the whole run, never rotated).
 
     Args:
         path: the JSONL file (its directory must exist: a mistyped path is refused, not
@@ -554,6 +562,7 @@ class Recorder:
         queue_ticks: the most ticks a node's recording holds for its writer.
         close_wait_s: how long :meth:`close` waits for the ticks queued (a hung disk holds
             the exit no longer).
+        rotate_bytes: the size at which a node's recording goes on in a new file.
 
     Raises:
         RecordingError: the file cannot be opened for writing.
@@ -566,9 +575,12 @@ class Recorder:
         *,
         queue_ticks: int = RECORD_QUEUE_TICKS,
         close_wait_s: float = WRITE_DEADLINE_S,
+        rotate_bytes: int = RECORD_ROTATE_BYTES,
     ) -> None:
         if queue_ticks < 1:
             raise ValueError(f"queue_ticks must be at least 1, got {queue_ticks!r}")
+        if rotate_bytes < 1:
+            raise ValueError(f"rotate_bytes must be at least 1, got {rotate_bytes!r}")
         self.path = Path(path)
         if header.get("mode") != "simulated":
             keep_previous_recordings(self.path)
@@ -596,10 +608,14 @@ class Recorder:
             # A tick's lines every period: one thread kept, not one started per tick.
             else LatestWriter(self._drain, close_wait_s, name="record", idle_s=READER_IDLE_S)
         )
-        # Into the file's buffer: the first tick's flush writes it (the writer's, on a node).
-        self._file.write(
-            _json_line({"format": RECORD_FORMAT, "gpugov_version": __version__, **header})
+        self._rotate_bytes = rotate_bytes
+        self._header_line = _json_line(
+            {"format": RECORD_FORMAT, "gpugov_version": __version__, **header}
         )
+        # Into the file's buffer: the first tick's flush writes it (the writer's, on a node).
+        self._file.write(self._header_line)
+        self._file_bytes = len(self._header_line)
+        """What the file now written holds (the lines are ASCII: one byte a character)."""
 
     @property
     def queued_ticks(self) -> int:
@@ -680,11 +696,29 @@ class Recorder:
             for line in lines:
                 handle.write(line)
                 self.lines += 1
+                self._file_bytes += len(line)
             handle.flush()
+            if self._writer is not None and self._file_bytes >= self._rotate_bytes:
+                self._rotate(handle)
         except OSError as error:
             self._stop(error)
             return False
         return True
+
+    def _rotate(self, handle: IO[str]) -> None:
+        """Go on in a new file at the path, its header first, the full one kept as
+        ``FILE.1`` (the writer thread's, between two ticks: each file reads whole).
+
+        Raises:
+            OSError: the new file cannot be opened or written (the recording stops).
+        """
+        self._file = None
+        handle.close()
+        keep_previous_recordings(self.path)
+        fresh = self.path.open("w")
+        self._file = fresh
+        fresh.write(self._header_line)
+        self._file_bytes = len(self._header_line)
 
     def _stop(self, error: OSError) -> None:
         """End the recording after a failed write: one warning; the run goes on."""

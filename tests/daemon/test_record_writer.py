@@ -368,3 +368,39 @@ def test_a_node_recording_keeps_the_previous_ones(
     for number in range(2):
         Recorder(sim, {"mode": "simulated", "run": number}).close()
     assert sorted(p.name for p in tmp_path.glob("sim.jsonl*")) == ["sim.jsonl"]
+
+
+def test_a_node_recording_is_rotated_at_its_size_limit(
+    tmp_path: Path, metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon that records for months filled its disk: a node's recording that reaches
+    ``rotate_bytes`` goes on in a new file at its path, the full one kept as FILE.1 (older
+    ones up to FILE.3, as at a start); each file has its header and reads whole, and no
+    tick is lost or repeated across the files kept."""
+    caplog.set_level(logging.INFO, logger="gpugov.daemon.record")
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
+    path = tmp_path / "run.jsonl"
+    recorder = Recorder(path, assembled.header, close_wait_s=JOIN_S, rotate_bytes=6000)
+    _run(assembled, 30, recorder)
+    recorder.close()
+    names = sorted(p.name for p in tmp_path.glob("run.jsonl*"))
+    assert names == ["run.jsonl", "run.jsonl.1", "run.jsonl.2", "run.jsonl.3"]
+    steps: list[int] = []
+    for name in reversed(names):
+        header, rows = read_recording(tmp_path / name)
+        check_recording(tmp_path / name, header, rows)
+        assert header["mode"] == "node" and rows
+        assert (tmp_path / name).stat().st_size < 6000 + 2 * len(json.dumps(rows[-1]))
+        steps += [row["step"] for row in rows]
+    assert steps == list(range(steps[0], 30)) and steps[0] > 0
+    assert any("the previous recording kept as run.jsonl.1" in m for m in caplog.messages)
+
+
+def test_a_simulated_recording_is_never_rotated(tmp_path: Path) -> None:
+    """A simulated run's recording is the whole run, the same on every run: one file."""
+    path = tmp_path / "sim.jsonl"
+    recorder = Recorder(path, {"mode": "simulated", "period_s": 1.0}, rotate_bytes=10)
+    for _ in range(5):
+        recorder([])
+    recorder.close()
+    assert sorted(p.name for p in tmp_path.glob("sim.jsonl*")) == ["sim.jsonl"]
