@@ -45,7 +45,7 @@ from gpugov.daemon.controller_config import (
     ReactiveControllerConfig,
     VoltanaControllerConfig,
 )
-from gpugov.daemon.files import write_files_atomic
+from gpugov.daemon.files import json_safe, write_files_atomic
 from gpugov.daemon.simulated import pool_view
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated import (
@@ -784,7 +784,9 @@ def write_disaggregated(payload: dict[str, Any], out: Path) -> dict[str, Path]:
     paths = {"json": out / "disaggregated.json", "md": out / "disaggregated.md"}
     write_files_atomic(
         {
-            paths["json"]: json.dumps(payload, indent=2, sort_keys=True) + "\n",
+            # An LP bound that did not solve is NaN: null here, as scoreboard.json has it.
+            paths["json"]: json.dumps(json_safe(payload), indent=2, sort_keys=True, allow_nan=False)
+            + "\n",
             paths["md"]: markdown(payload),
         }
     )

@@ -412,3 +412,36 @@ def test_a_generated_profile_runs_on_the_disaggregated_board(tmp_path: Path) -> 
     payload = json.loads((out / "disaggregated.json").read_text())
     assert {row["profile"] for row in payload["rows"]} == {"synthetic-compute-bound"}
     assert {row["layout"] for row in payload["rows"]} == {"1P1D", "2P2D"}
+
+
+def test_an_lp_bound_that_does_not_solve_is_null_in_the_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bound of an LP that did not solve is NaN; disaggregated.json wrote it as NaN,
+    # which is no JSON (a strict reader refuses the file), where scoreboard.json has null.
+    from scipy.optimize import OptimizeResult
+
+    from gpugov.controllers.oracles import bound as lp
+
+    monkeypatch.setattr(
+        lp, "linprog", lambda *a, **k: OptimizeResult(success=False, message="time limit")
+    )
+    out = tmp_path / "board"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(
+            ["bench", "controllers", "--tiny", "--layout", "disaggregated", "--traces",
+             "azure-conv-10min", "--profiles", "h200-sxm-llama3-8b", "--duration", "8",
+             "--jobs", "1", "--out", str(out)]
+        )  # fmt: skip
+    assert code == 0, stderr.getvalue()
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in disaggregated.json")
+
+    payload = json.loads((out / "disaggregated.json").read_text(), parse_constant=refuse)
+    assert payload["scenarios"] and payload["rows"]
+    for info in payload["scenarios"]:
+        assert info["lp_bound"]["success"] is False
+        assert info["lp_bound"]["energy_j"] is None
+    assert all(row["energy_over_lp_bound"] is None for row in payload["rows"])
