@@ -678,8 +678,7 @@ def _permission_lost(root: Path) -> dict[str, Any]:
         # The GPUs stay locked low: the exit says so (6) and names them, whatever stopped
         # the run (here the refused fail-safe lock), not the start's permission line.
         assert daemon.wait() == 6, daemon.stderr
-        # Still locked, truthfully said so, but at the top clock: not held low.
-        assert node.locked() == [[TOP_MHZ] * 2] * 2
+        assert node.locked() == [[LOCKED_MHZ] * 2] * 2  # truthfully still locked
         line = last_line(daemon)
         assert line.startswith("gpugov: error: could not reset the SM clock lock of GPU(s) 0,1")
         assert "gpugov reset-clocks --gpus 0,1" in line
