@@ -166,6 +166,7 @@ class NvmlBackend:
     Args:
         gpu: NVML index (PCI order) or a ``GPU-...`` UUID.
         nvml: the ``pynvml`` module; tests pass a fake.
+        clock: monotonic seconds, for when a read NVML does not support is tried again.
 
     Raises:
         GpuUnavailable: no driver/library, or no such GPU.
