@@ -115,6 +115,21 @@ _PCI_BUS_ID = r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
 
 
+def host_name_problem(host: str) -> str | None:
+    """Why ``host`` (a URL's or an address's host, without brackets) can name no host, or
+    None: a non-ASCII name IDNA cannot encode (an empty label, one over 63 characters).
+    The socket's bind raised TypeError on it (a traceback from ``check-config`` and
+    ``run``), and a scrape of it failed every tick."""
+    if host.isascii():
+        return None  # the resolver says what is wrong with an ASCII name
+    try:
+        host.encode("idna")
+    except UnicodeError as error:
+        reason = str(error).rpartition("(")[2].rstrip(")").removeprefix("UnicodeError: ")
+        return f"{host[:60]!r} is no host name ({reason or error})"
+    return None
+
+
 def parse_address(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9400`` for IPv6) to ``(host, port)``.
 
@@ -141,6 +156,9 @@ def parse_address(value: str) -> tuple[str, int]:
             ipaddress.IPv4Address(bare)
     except ValueError:
         raise ValueError(f"names no IP address: {bare!r} in {value!r}") from None
+    problem = host_name_problem(bare)
+    if problem is not None:
+        raise ValueError(f"{problem} in {value!r}")
     return bare or "127.0.0.1", int(port)
 
 
@@ -233,6 +251,9 @@ class EngineConfig(FrozenModel):
             raise ValueError(
                 f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"
             )
+        problem = host_name_problem(parts.hostname)
+        if problem is not None:
+            raise ValueError(f"{problem}: {value!r}")
         if "@" in parts.netloc:
             # Dropped from every request: each scrape of an engine behind authentication
             # answered 401, and the node sat at the fail-safe. Not echoed: a password.
@@ -405,6 +426,9 @@ class ZeusdBackendConfig(FrozenModel):
                 raise ValueError(
                     f"must be http://HOST:PORT, such as http://127.0.0.1:4938, got {value!r}"
                 )
+            problem = host_name_problem(parts.hostname)
+            if problem is not None:
+                raise ValueError(f"{problem}: {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -463,6 +487,9 @@ class DaemonSection(FrozenModel):
             raise ValueError(f"must be an http:// URL such as {example}: {error}") from None
         if not parts.hostname:
             raise ValueError(f"must name a host, such as {example}, got {value!r}")
+        problem = host_name_problem(parts.hostname)
+        if problem is not None:
+            raise ValueError(f"{problem}: {value!r}")
         return value
 
     @model_validator(mode="after")

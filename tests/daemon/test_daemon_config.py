@@ -229,6 +229,38 @@ def test_parse_address() -> None:
         with pytest.raises(ValueError, match="names no IP address"):
             parse_address(bad)
     assert parse_address("localhost:9400") == ("localhost", 9400)
+    # A host no name encodes (an empty or 64-character label in a non-ASCII name): the
+    # socket's bind raised TypeError, a traceback from check-config and run.
+    for bad in ("ü..x:9400", f"{'ü' * 64}.de:9400"):
+        with pytest.raises(ValueError, match="is no host name"):
+            parse_address(bad)
+    assert parse_address("bücher.de:9400") == ("bücher.de", 9400)
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"daemon": {"metrics_address": "ü..x:9400"}, **MINIMAL}, "daemon.metrics_address"),
+        (_domain(engine={"url": "http://ü..x/metrics"}), "domains[0].engine.url"),
+        (
+            {"daemon": {"backend": "emulated", "emulator": "http://ü..x:8000"}, **MINIMAL},
+            "daemon.emulator",
+        ),
+        (
+            {"daemon": {"backend": "zeusd", "zeusd": {"url": "http://ü..x:4938"}}, **MINIMAL},
+            "daemon.zeusd.url",
+        ),
+    ],
+)
+def test_a_host_that_is_no_name_is_refused_naming_the_field(
+    data: dict[str, object], path: str
+) -> None:
+    """check-config said OK to an engine URL or emulator no scrape could reach, and a
+    metrics address that check-config and run ended in a traceback on."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "gpugov.toml")
+    assert str(info.value).startswith(f"gpugov.toml: {path}: ")
+    assert "is no host name (label empty or too long)" in str(info.value)
 
 
 def test_emulated_backend_needs_an_emulator_url() -> None:
