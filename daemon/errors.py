@@ -364,6 +364,15 @@ NO_DRIVER_HINT = (
 without a GPU (a workstation, CI), instead of a bare "NVML Shared Library Not Found"."""
 
 
+CANNOT_LOCK_HINT = (
+    "this GPU or its driver does not lock SM clocks (nvmlDeviceSetGpuLockedClocks needs a "
+    "Volta or newer GPU, and some boards and virtual GPUs refuse it): gpugov cannot govern "
+    "it; `gpugov run --dry-run` observes it"
+)
+"""Appended to a clock lock NVML refuses as not supported: NVML's "Not Supported" alone
+did not say that no lock will ever go through on that GPU, nor what is left to do."""
+
+
 def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
     """Translate a ``pynvml.NVMLError`` into the daemon's tree (raise it ``from error``).
 
@@ -390,4 +399,6 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
         message = f"{where}{action} failed: {error} (NVML code {code})"
         if code in NO_DRIVER_CODES:
             message = f"{message}: {NO_DRIVER_HINT}"
+        elif kind is NotSupported and action.startswith("lock clocks"):
+            message = f"{message}: {CANNOT_LOCK_HINT}"
     return kind(message, gpu=gpu, code=code)

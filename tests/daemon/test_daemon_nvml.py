@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import fake_pynvml as fp
 import pytest
-from daemon_support import MetricsServer, fixture_text, run_ticks
+from daemon_support import MetricsServer, fixture_text, node_commands_on, run_ticks
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
@@ -490,6 +491,41 @@ def test_an_enforced_power_limit_no_gpu_has_is_a_failed_read(
     finally:
         assembled.close()
     assert all(r.observation.power_limit_w in (1400.0, None) for r in records)
+
+
+def test_a_gpu_that_cannot_lock_clocks_ends_the_run_in_one_line_that_says_so(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A board whose driver refuses locked clocks (NOT_SUPPORTED: a pre-Volta or consumer
+    board, some virtual GPUs) ended the run with NVML's words alone, `lock clocks to
+    1410,1410 MHz failed: Not Supported`; the line now says what that means and what is
+    left (exit 4, one write tried, no retry)."""
+    import gpugov.daemon.node_cli as node_cli
+
+    fake = node_commands_on(monkeypatch, FakeNvml(1))
+    fake.fail("nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_NOT_SUPPORTED, times=None)
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = tmp_path / "gpugov.toml"
+    config.write_text(
+        f'[daemon]\nmetrics_address = ""\nstate_dir = "{tmp_path / "state"}"\n'
+        '[[domains]]\nname = "llm"\ngpus = [0]\n'
+        f'[domains.engine]\nkind = "vllm"\nurl = "{metrics_server.url}"\n'
+        '[domains.controller]\nkind = "fixed"\nclock_mhz = 1410\n'
+    )
+    assert node_cli.main(["run", "--config", str(config)]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last == (
+        "gpugov: error: GPU 0: lock clocks to 1410,1410 MHz failed: Not Supported (NVML "
+        "code 3): this GPU or its driver does not lock SM clocks (nvmlDeviceSetGpuLockedClocks "
+        "needs a Volta or newer GPU, and some boards and virtual GPUs refuse it): gpugov "
+        "cannot govern it; `gpugov run --dry-run` observes it"
+    )
+    assert fake.calls["nvmlDeviceSetGpuLockedClocks"] == 1
 
 
 def test_the_fake_has_every_nvml_error_code_and_class_pynvml_has() -> None:
