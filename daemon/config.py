@@ -117,9 +117,13 @@ GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
 
 def host_name_problem(host: str) -> str | None:
     """Why ``host`` (a URL's or an address's host, without brackets) can name no host, or
-    None: a non-ASCII name IDNA cannot encode (an empty label, one over 63 characters).
+    None: a control character in it (a NUL), or a non-ASCII name IDNA cannot encode (an
+    empty label, one over 63 characters).
     The socket's bind raised TypeError on it (a traceback from ``check-config`` and
     ``run``), and a scrape of it failed every tick."""
+    if any(ord(character) < 32 or ord(character) == 127 for character in host):
+        # A NUL raised TypeError at the bind as well; the others no resolver takes.
+        return f"{host[:60]!r} is no host name (it holds a control character)"
     if host.isascii():
         return None  # the resolver says what is wrong with an ASCII name
     try:

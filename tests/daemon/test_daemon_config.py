@@ -231,7 +231,7 @@ def test_parse_address() -> None:
     assert parse_address("localhost:9400") == ("localhost", 9400)
     # A host no name encodes (an empty or 64-character label in a non-ASCII name): the
     # socket's bind raised TypeError, a traceback from check-config and run.
-    for bad in ("ü..x:9400", f"{'ü' * 64}.de:9400"):
+    for bad in ("ü..x:9400", f"{'ü' * 64}.de:9400", "a\x00b:9400", "a\x01b:9400"):
         with pytest.raises(ValueError, match="is no host name"):
             parse_address(bad)
     assert parse_address("bücher.de:9400") == ("bücher.de", 9400)
