@@ -62,7 +62,7 @@ from gpugov.study.experiment_parts import (
     run_scheduling_on_plant,
 )
 from gpugov.study.experiments import assemble_textbook_results, build_textbook_results
-from gpugov.study.outputs import staged_outputs
+from gpugov.study.outputs import check_replaceable, staged_outputs
 from gpugov.study.runners import (
     RunnerSpec,
     add_runner_arguments,
@@ -720,6 +720,12 @@ def run_experiments(args: argparse.Namespace) -> int:
     read = simulated_run_inputs(args.trace, args.profile, "max")
     for name in ("results.json", "summary.md", *(f"figures/{figure}" for figure in FIGURES)):
         check_not_an_input("--out", out / name, read)
+        check_replaceable("--out", out, out / name)
+    if (out / "figures").exists() and not (out / "figures").is_dir():
+        raise UsageError(
+            f"--out {out}: {out / 'figures'} is not a directory, where the figures go; "
+            "move it away or choose another --out"
+        )
     created = not out.exists()
     prepare_output_dir("--out", args.out)  # the inputs are good: only now is DIR made
     extra = {

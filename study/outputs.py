@@ -147,6 +147,26 @@ def _holder(handle: int) -> str:
     return f"pid {found[0]}" if found else "pid unknown"
 
 
+def check_replaceable(flag: str, out: Path, path: Path) -> None:
+    """Refuse, before any work, an output ``path`` of a run into ``out`` that a written
+    file cannot replace: a directory (or a link to one), a device, a FIFO. The write at
+    the run's end failed there, after all its work, and a set written together (a
+    sweep's summaries, a fleet's report) was left half replaced.
+
+    Raises:
+        UsageError: naming ``flag``, ``out`` and the path.
+    """
+    from gpugov.daemon.cli_support import UsageError
+
+    if not os.path.exists(path) or os.path.isfile(path):
+        return
+    what = "a directory" if os.path.isdir(path) else "not a regular file"
+    raise UsageError(
+        f"{flag} {out}: {path} is {what}, which the run's output file cannot replace; "
+        f"move it away or choose another {flag}"
+    )
+
+
 def _staged(out: Path, *, created: bool) -> Iterator[Path]:
     """:func:`staged_outputs`' body, once ``out`` is held."""
     staging = out / PARTIAL
@@ -193,4 +213,4 @@ def _move_into(staging: Path, out: Path) -> None:
         os.replace(path, target)
 
 
-__all__ = ["PARTIAL", "held_output_dir", "staged_outputs"]
+__all__ = ["PARTIAL", "check_replaceable", "held_output_dir", "staged_outputs"]

@@ -106,7 +106,7 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
         check_inputs,
         run_fleet,
     )
-    from gpugov.study.outputs import held_output_dir
+    from gpugov.study.outputs import check_replaceable, held_output_dir
     from gpugov.study.scoreboard.scenarios import trace_warnings
 
     given = [
@@ -163,6 +163,7 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
     ]
     for name in OUTPUT_NAMES:  # fleet.json, fleet.md, fleet.png: none of them an input
         check_not_an_input("--out", Path(args.out) / name, inputs)
+        check_replaceable("--out", Path(args.out), Path(args.out) / name)
     prepare_output_dir("--out", args.out, parents=args.out == DEFAULT_OUT)
     # One run at a time writes DIR: a second one is refused here, before its cells.
     holds.enter_context(held_output_dir(Path(args.out), "--out", OUTPUT_NAMES))

@@ -34,7 +34,7 @@ from gpugov.daemon.simulated import ENGINE_VIEWS
 from gpugov.plant.profile_files import list_bundled_profiles
 from gpugov.plant.synthetic_profiles import expand_synthetic, resolve_profile
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError
-from gpugov.study.outputs import held_output_dir
+from gpugov.study.outputs import check_replaceable, held_output_dir
 from gpugov.study.runners import add_runner_arguments, check_runner, spec_from_args
 from gpugov.study.scoreboard.publish import FILES as REPORT_FILES
 from gpugov.study.scoreboard.publish import write_report
@@ -417,6 +417,7 @@ def check_outputs_not_inputs(args: argparse.Namespace, config: BenchConfig, layo
         outputs += [("--report", Path(report_dir) / name) for name in written]
     for flag, path in outputs:
         check_not_an_input(flag, path, inputs)
+        check_replaceable(flag, path.parent, path)
 
 
 def run_from_args(args: argparse.Namespace, config: BenchConfig | None = None) -> int:

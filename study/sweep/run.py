@@ -27,7 +27,7 @@ from gpugov.plant.result import arrival_separation
 from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
-from gpugov.study.outputs import held_output_dir
+from gpugov.study.outputs import check_replaceable, held_output_dir
 from gpugov.study.runners import (
     CellProgress,
     RunnerSpec,
@@ -217,6 +217,8 @@ def run_sweep(
     # controller on every profile, a minute on a large grid, and an --out that is a file
     # or already holds results was refused only after it.
     check_output_dir("--out", out)
+    for name in (RESULTS, SUMMARY_MD, SUMMARY_JSON, PLOT, GRID_COPY):
+        check_replaceable("--out", out, out / name)  # before hours of cells, not after
     results_path = out / RESULTS
     if results_path.exists() and results_path.stat().st_size and not resume:
         raise UsageError(

@@ -205,3 +205,66 @@ def test_the_temporary_files_a_killed_write_left_go_once_the_directory_is_held(
         main(argv)
     assert not left.exists()
     assert all(path.read_text() == "the user's" for path in kept)
+
+
+SWEEP_GRID = (
+    'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+    'controllers = ["max"]\nduration_s = 5.0\n'
+)
+IN_THE_WAY = {
+    # (command line, an output name in DIR; the run's own work must not be reached)
+    "bench": ([*BENCH, "--out", "{out}"], "scoreboard.png"),
+    "bench-disaggregated": (
+        [*BENCH, "--layout", "disaggregated", "--out", "{out}"],
+        "disaggregated.md",
+    ),
+    "bench-report": ([*BENCH, "--out", "{other}", "--report", "{out}"], "pareto.csv"),
+    "fleet": ([*FLEET, "--duration", "10", "--quiet", "--out", "{out}"], "fleet.md"),
+    "sweep": (["sweep", "--grid", "{grid}", "--out", "{out}", "--jobs", "1"], "summary.md"),
+    "sweep-results": (["sweep", "--grid", "{grid}", "--out", "{out}"], "results.jsonl"),
+    "experiments": (["experiments", "--quick", "--out", "{out}"], "figures/coverage.png"),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_THE_WAY))
+def test_a_directory_where_an_output_goes_is_refused_before_any_work(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory at an output's path was found only when the run, its work done, wrote
+    its files: the write failed (exit 1), and a set written together was half replaced
+    (a sweep's summary.json beside no summary.md, a fleet's fleet.json beside no fleet.md)."""
+    from gpugov.study import experiments_cli
+    from gpugov.study.sweep import run as sweep_run
+
+    argv, output = IN_THE_WAY[name]
+    out, other, grid = tmp_path / "out", tmp_path / "other", tmp_path / "grid.toml"
+    grid.write_text(SWEEP_GRID)
+    (out / output).mkdir(parents=True)
+    _patch_work(monkeypatch)
+    monkeypatch.setattr(sweep_run, "plan_sweep", _reached)
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", _reached)
+    flag = "--report" if name == "bench-report" else "--out"
+    assert main([part.format(out=out, other=other, grid=grid) for part in argv]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        f"gpugov: error: {flag} {out}: {out / output} is a directory, which the run's output "
+        f"file cannot replace; move it away or choose another {flag}"
+    ]
+    assert (out / output).is_dir()
+
+
+def test_experiments_refuses_a_file_where_its_figures_folder_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpugov.study import experiments_cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "figures").write_text("the user's")
+    monkeypatch.setattr(experiments_cli, "build_textbook_results", _reached)
+    assert main(["experiments", "--quick", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpugov: error: --out {out}: {out / 'figures'} is not a directory, where the "
+        "figures go; move it away or choose another --out"
+    ]
+    assert (out / "figures").read_text() == "the user's"
