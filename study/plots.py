@@ -30,6 +30,13 @@ def pyplot(needed_for: str = "plotting") -> Any:
     return plt
 
 
+def plain_label(text: str) -> str:
+    """``text`` drawn as written in a legend or title: matplotlib reads a pair of ``$`` as
+    math (``plan_$x\\fr$.json`` raised a parse error when the figure was drawn, after the
+    run's work), so each ``$`` is escaped."""
+    return text.replace("$", r"\$")
+
+
 def figure_bytes(fig: Any, image_format: str | None = "png", *, dpi: int = 110) -> bytes:
     """``fig`` drawn in memory as an image file's bytes (``image_format``: ``png``, ``svg``,
     ...; None: matplotlib's default), for a command that writes it with the rest of its

@@ -324,7 +324,7 @@ def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpugov.study.plots import figure_bytes
+    from gpugov.study.plots import figure_bytes, plain_label
 
     fig, ax = plt.subplots(figsize=(9, 6))
     controllers = list(dict.fromkeys(row["controller"] for row in table))
@@ -339,7 +339,7 @@ def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
         ax.scatter(
             [100.0 * r["slo_attainment"] for r in mine],
             [r["energy_per_output_token_j"] for r in mine],
-            label=controller,
+            label=plain_label(controller),
             color=f"C{index % 10}",
             alpha=0.8,
             s=36,

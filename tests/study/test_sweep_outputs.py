@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic import plan_payload
 
 from gpugov.cli import main
 from gpugov.daemon.progress import Progress
@@ -154,3 +155,24 @@ def test_the_grids_check_is_a_progress_line_with_an_eta(
     assert checking[-1].endswith("checking the grid: 1 of 1 cells keyed")
     built = "checking the grid: controller max on h100-sxm-llama3-8b"
     assert any(line.endswith(built) for line in checking)
+
+
+def test_a_controller_whose_file_name_reads_as_math_is_plotted_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # matplotlib read the pair of $ in the plan's name as math, and drawing the legend
+    # raised a parse error after every cell had run.
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(tmp_path)
+    plan = tmp_path / "plan$x\\fr$.json"
+    plan.write_text(json.dumps(plan_payload()))
+    _trace(tmp_path / "short.csv")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["short.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f'controllers = ["max", {json.dumps(f"open-loop:{plan.name}")}]\n'
+    )
+    out = tmp_path / "out"
+    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    assert code == 0, stderr
+    assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
