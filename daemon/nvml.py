@@ -328,7 +328,8 @@ class NvmlBackend:
     def _power(self) -> float:
         """Instant power (field 186) in watts, at GPU scope, else MODULE scope (Grace-Hopper),
         else the 1 s average getter; a scope NVML does not read is passed over within the
-        same sample, and each source other than GPU scope is said once (INFO)."""
+        same sample, a field call or field that fails for now leaves this sample to the
+        average getter, and each source other than GPU scope is said once (INFO)."""
         nvml = self._nvml
         power_field = _const(nvml, "NVML_FI_DEV_POWER_INSTANT", FI_DEV_POWER_INSTANT)
         while self._power_scopes:
@@ -342,6 +343,9 @@ class NvmlBackend:
                 )
             except NotSupported:
                 self._power_scopes = ()
+                break
+            except TransientGpuError as error:  # as a field answered with such a code
+                log.debug("GPU %s: power field failed for now: %s", self._label, error)
                 break
             code = int(values[0].nvmlReturn)
             if code == _const(nvml, "NVML_SUCCESS", 0):

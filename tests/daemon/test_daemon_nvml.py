@@ -268,6 +268,24 @@ def test_power_falls_back_to_average_getter() -> None:
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
 
 
+@pytest.mark.parametrize("code", [fp.NVML_ERROR_TIMEOUT, fp.NVML_ERROR_UNKNOWN])
+def test_a_power_field_call_that_fails_for_now_falls_back_to_the_average_getter(
+    code: int,
+) -> None:
+    """The field call failing for now (TIMEOUT, UNKNOWN) cost the sample its power,
+    though the average getter answers: a field it answers with such a code fell back to
+    it already. The call failing now and then is the average once, then instant again."""
+    fake = FakeNvml(1)
+    backend = NvmlBackend(0, nvml=fake)
+    fake.fail("nvmlDeviceGetFieldValues", code, times=1)
+    first, second = backend.sample(), backend.sample()
+    assert first.power_w == pytest.approx(340.0) and first.read_errors == ()
+    assert second.power_w == pytest.approx(350.0)  # the field again: not given up
+    fake.fail("nvmlDeviceGetFieldValues", code, times=1)
+    fake.fail("nvmlDeviceGetPowerUsage", code, times=1)
+    assert backend.sample().read_errors == ("power",)  # both failed: a failed read
+
+
 def test_a_grace_hopper_modules_power_is_read_at_module_scope_from_the_first_sample(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
