@@ -53,6 +53,7 @@ from gpugov.daemon.controller_spec import CONTROLLER_SPEC_HELP, parse_controller
 from gpugov.daemon.domain import Domain
 from gpugov.daemon.errors import (
     ExitCode,
+    GpuLost,
     TransientGpuError,
     printable,
 )
@@ -70,7 +71,7 @@ from gpugov.daemon.loop import (
     run,
 )
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
-from gpugov.daemon.node_support import exit_code, guarded
+from gpugov.daemon.node_support import exit_code, gpu_lost_line, guarded
 from gpugov.daemon.nvml import load_pynvml
 from gpugov.daemon.reconcile import reset_left_locks
 from gpugov.daemon.record import Recorder, read_recording
@@ -349,7 +350,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         # A refused config's lines are its problems alone: warnings about a config run
         # would not start with came first and buried them.
         for problem in problems:
-            fail(problem)
+            # A lost GPU in run's own words (its line says no usable GPU is left).
+            fail(gpu_lost_line(problem) if isinstance(problem, GpuLost) else problem)
         return exit_code(problems[0]) or EXIT_FAILURE
     for line in [
         *slo_warnings(config),

@@ -87,22 +87,7 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             print_to_stderr(f"gpugov: {PERMISSION_DENIED_MESSAGE}")
             return ExitCode.PERMISSION
         except GpuLost as error:
-            # Lost while governed, the others were reset (exit 5); lost before (or for a
-            # read-only command), nothing of ours was locked: no usable GPU (exit 4).
-            reset = error.other_gpus - len(error.also_lost)
-            if not error.mid_run:
-                after = "no usable GPU"
-            elif error.also_lost:  # lost together (a baseboard's GPUs): none can be reset
-                after = f"GPU(s) {', '.join(error.also_lost)} lost too"
-                if reset:
-                    after += f"; the other {reset} GPU(s)' clocks were reset"
-            elif reset == 1:
-                after = "the other GPU's clock was reset"
-            elif reset:
-                after = f"the other {reset} GPUs' clocks were reset"
-            else:
-                after = "it was the only GPU governed"
-            return fail(f"{error}; {after}", exit_code(error) or ExitCode.GPU_LOST)
+            return fail(gpu_lost_line(error), exit_code(error) or ExitCode.GPU_LOST)
         except DriverGone as error:
             # Had a GPU not been reset, the exit would have raised ClocksNotReset (6).
             return fail(f"{error}; every clock gpugov locked was reset", ExitCode.NO_GPU)
@@ -113,6 +98,26 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             return fail(error, code)
 
     return wrapped
+
+
+def gpu_lost_line(error: GpuLost) -> str:
+    """The line a node command ends with for a lost GPU (``run``'s, and ``check-config``'s
+    for the same GPU): lost while governed, the others were reset (exit 5); lost before
+    (or for a read-only command), nothing of ours was locked: no usable GPU (exit 4)."""
+    reset = error.other_gpus - len(error.also_lost)
+    if not error.mid_run:
+        after = "no usable GPU"
+    elif error.also_lost:  # lost together (a baseboard's GPUs): none can be reset
+        after = f"GPU(s) {', '.join(error.also_lost)} lost too"
+        if reset:
+            after += f"; the other {reset} GPU(s)' clocks were reset"
+    elif reset == 1:
+        after = "the other GPU's clock was reset"
+    elif reset:
+        after = f"the other {reset} GPUs' clocks were reset"
+    else:
+        after = "it was the only GPU governed"
+    return f"{error}; {after}"
 
 
 def exit_code(error: BaseException) -> int | None:

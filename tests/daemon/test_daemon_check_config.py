@@ -282,6 +282,19 @@ def test_a_gpu_the_node_lacks_is_named_with_its_domain_by_both(
     assert capsys.readouterr().err.splitlines() == [run_line]
 
 
+def test_a_gpu_lost_before_the_start_is_runs_own_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GPU already lost: run said '...; no usable GPU', check-config the bare error."""
+    fake.lose(1)
+    path = _write(tmp_path)
+    assert _run_code(path) == 4
+    run_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert run_line.startswith("gpugov: error: GPU 1: ") and run_line.endswith("; no usable GPU")
+    assert node_cli.main(["check-config", str(path)]) == 4
+    assert capsys.readouterr().err.splitlines() == [run_line]
+
+
 @pytest.mark.parametrize(
     ("tables", "field", "said"),
     [
