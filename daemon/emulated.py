@@ -239,6 +239,7 @@ class EmulatedBackend:
         self._label = str(gpu)
         self.emulator = emulator
         self._dropped: set[str] = set()
+        """The fields the emulator last answered NOT_SUPPORTED (said once, until they read)."""
         self._identity: str | None = None  # the UUID opened
         # Ask the identity again on the next new connection: the emulator dropped or
         # refused one (it may have been restarted). Not after a timeout of ours: the
@@ -477,7 +478,8 @@ class EmulatedBackend:
         return None if value is None else int(value)
 
     def sample(self) -> GpuSample:
-        """One reading; unsupported fields are dropped for good, transient ones counted.
+        """One reading; unsupported fields are left out while they are, transient ones
+        counted.
 
         Raises:
             GpuLost: the GPU fell off the bus.
@@ -504,20 +506,23 @@ class EmulatedBackend:
         values: dict[str, float | None] = {}
         for name, key in _READS.items():
             raw = payload.get(key)
-            if name in self._dropped:
-                values[name] = None
-                continue
             if isinstance(raw, dict):  # {"nvmlReturn": code} for this field
                 failure = from_nvml(EmulatorNvmlError(_nvml_code(raw.get("nvmlReturn"))), name)
                 if isinstance(failure, GpuLost):
                     raise failure
                 if isinstance(failure, NotSupported):
-                    self._dropped.add(name)
-                    log.info("GPU %s: %s not supported; no longer read", self._label, name)
+                    if name not in self._dropped:
+                        self._dropped.add(name)
+                        log.info(
+                            "GPU %s: %s not supported; left out while it is", self._label, name
+                        )
                 else:
                     errors.append(name)
                 values[name] = None
             elif isinstance(raw, int | float) and not isinstance(raw, bool):
+                if name in self._dropped:  # answered again: taken, not thrown away for good
+                    self._dropped.discard(name)
+                    log.info("GPU %s: %s reads again", self._label, name)
                 try:
                     values[name] = float(raw)  # NaN and infinities: GpuSample.read's to refuse
                 except OverflowError:  # an integer too large for a float: no reading

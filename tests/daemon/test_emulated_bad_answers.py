@@ -135,6 +135,28 @@ def test_an_impossible_reading_is_a_failed_read(
     backend.close()
 
 
+def test_a_field_the_emulator_once_called_unsupported_is_taken_when_it_reads_again(
+    emulator: _Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A field answered NOT_SUPPORTED once (an emulated fault, a MIG mode switched off
+    again) was dropped for good: every later answer's value was thrown away, the SM
+    clock (and so the readback of every lock) unread for the rest of the run. It is left
+    out while it is not supported; one line when it stops, one when it reads again."""
+    backend = EmulatedBackend(0, emulator=emulator.url)
+    emulator.sample = GOOD_SAMPLE | {"sm_clock_mhz": {"nvmlReturn": 3}}
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.emulated"):
+        assert backend.sample().sm_clock_mhz is None
+        assert backend.sample().sm_clock_mhz is None
+        emulator.sample = GOOD_SAMPLE
+        sample = backend.sample()
+    assert sample.sm_clock_mhz == 1410.0 and sample.read_errors == ()
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: sm_clock not supported; left out while it is",
+        "GPU 0: sm_clock reads again",
+    ]
+    backend.close()
+
+
 def test_an_answer_that_is_no_reading_fails_the_whole_read(emulator: _Emulator) -> None:
     emulator.sample = [1, 2]
     backend = EmulatedBackend(0, emulator=emulator.url)
