@@ -52,6 +52,9 @@ daemon stops (``daemon.max_controller_failures``)."""
 CONTROLLER_ERROR_LOG_EVERY_S = 60.0
 """After the first controller exception is logged, at most one reminder per this many
 seconds while the controller keeps failing."""
+WRITE_PATH_SAID_EVERY_S = CONTROLLER_ERROR_LOG_EVERY_S
+"""At most one logged outage of the clock writes' path (the actuator, zeusd) per this
+many seconds; one that lasts, its start left out, is said once this long has passed."""
 STATUS_DEADLINE_S = 0.1
 """How long a tick waits for an outside controller's ``status()`` on a node (it only
 reports: past this, the last status it gave is shown; its answer is the next tick's)."""
@@ -145,6 +148,10 @@ class Domain:
         """The engine-stale fail-safe's lines: at most one start (and its end) a minute."""
         self._controller_episodes = EpisodeLog(CONTROLLER_ERROR_LOG_EVERY_S)
         """A controller that fails now and then: at most one run of failures a minute."""
+        self._write_path_episodes = EpisodeLog(WRITE_PATH_SAID_EVERY_S)
+        """The write path's outages said: at most one a minute, with its end."""
+        self._write_path_said_s = -math.inf
+        """When the last line about the write path's outage now running was due."""
         self.budget = budget
         self.power_limits = power_limits
         self.caps = isinstance(layers(controller)[-1], PowerCapping)
@@ -300,18 +307,38 @@ class Domain:
         self._invalid_logged = invalid
         self._invalid_logged_s = now_s
 
-    def _write_path(self, problem: str | None) -> None:
-        """Log the clock writes' path (the actuator) going away and coming back, once each."""
+    def _write_path(self, problem: str | None, now_s: float) -> None:
+        """Log the clock writes' path (the actuator, zeusd) going away and coming back,
+        once each; outages that come and go (zeusd taking every other request) log at
+        most one a minute with its end (:class:`~daemon.episode_log.EpisodeLog`)."""
         if problem is not None and self.write_path_down is None:
             mode = "maximum clock" if self.failsafe_mode == "max" else "unlocked"
-            log.warning(
-                "domain %s: clock writes cannot go through (%s); fail-safe: %s, retried every tick",
+            note = self._write_path_episodes.start(now_s)
+            self._write_path_said_s = now_s
+            log.log(
+                logging.DEBUG if note is None else logging.WARNING,
+                "domain %s: clock writes cannot go through (%s); fail-safe: %s, retried every "
+                "tick%s",
                 self.name,
                 problem,
                 mode,
+                note or "",
             )
+        elif problem is not None and now_s - self._write_path_said_s >= WRITE_PATH_SAID_EVERY_S:
+            self._write_path_said_s = now_s  # one that lasts, its start left out: said now
+            if not self._write_path_episodes.logged:
+                self._write_path_episodes.reminded()
+                log.warning(
+                    "domain %s: clock writes still cannot go through (%s); fail-safe held",
+                    self.name,
+                    problem,
+                )
         elif problem is None and self.write_path_down is not None:
-            log.warning("domain %s: clock writes go through again; fail-safe ended", self.name)
+            log.log(
+                logging.WARNING if self._write_path_episodes.end() else logging.DEBUG,
+                "domain %s: clock writes go through again; fail-safe ended",
+                self.name,
+            )
         self.write_path_down = problem
 
     def reconcile(
@@ -365,7 +392,7 @@ class Domain:
         requested: float | None
         problem = self.actuator.write_path_problem()
         if problem is not None or self.write_path_down is not None:
-            self._write_path(problem)
+            self._write_path(problem, now_s)
         if problem is not None:
             self.fallbacks["actuator_unavailable"] = (
                 self.fallbacks.get("actuator_unavailable", 0) + 1

@@ -260,3 +260,54 @@ def test_another_tool_that_keeps_setting_the_clock_is_logged_once_a_minute(
     assert lines[0].endswith("; locking it again")
     assert "29 more outside change(s) in the 58 s before, each locked again" in lines[1]
     assert 'external_clock_policy = "yield" leaves the GPU to it' in lines[1]
+
+
+def test_a_write_path_that_comes_and_goes_logs_one_outage_a_minute(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """zeusd (or the actuator) taking every other request: the write path went down and
+    came back every other tick, two warnings each time (3,600 an hour at 1 s)."""
+    fake = FakeNvml(1)
+    assembled = _domain(vllm_server.url, fake)
+    domain = assembled.domains[0]
+    checks = [0]
+
+    def flapping() -> str | None:
+        checks[0] += 1
+        return "zeusd at http://127.0.0.1:1 did not answer" if checks[0] % 2 == 0 else None
+
+    domain.actuator.write_path_problem = flapping  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.loop"):
+        run_ticks([domain], 130)
+    assembled.close()
+    down = _warnings(caplog, "clock writes cannot go through")
+    back = _warnings(caplog, "clock writes go through again")
+    assert len(down) == len(back) == 3  # at 1 s, 61 s and 121 s, of 65 outages
+    assert "29 more such episode(s) in the 58 s before were not logged" in down[1]
+    assert domain.fallbacks["actuator_unavailable"] == 65  # every tick down counted
+
+
+def test_a_write_path_outage_that_lasts_after_quiet_ones_is_said_with_its_end(
+    vllm_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An outage whose start was left out (within a minute of the last one logged) and
+    that then lasts is said once a minute has passed, and its end with it."""
+    assembled = _domain(vllm_server.url, FakeNvml(1))
+    domain = assembled.domains[0]
+    checks = [0]
+
+    def down_then_out() -> str | None:
+        checks[0] += 1  # down at 1 s and at 3 s; from 5 s down until 100 s
+        down = checks[0] in (2, 4) or 6 <= checks[0] <= 100
+        return "the actuator is unreachable" if down else None
+
+    domain.actuator.write_path_problem = down_then_out  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.loop"):
+        run_ticks([domain], 110)
+    assembled.close()
+    lines = _warnings(caplog, "clock writes")
+    assert len(lines) == 4, lines
+    assert "cannot go through (the actuator is unreachable)" in lines[0]
+    assert lines[1].endswith("go through again; fail-safe ended")
+    assert "still cannot go through (the actuator is unreachable)" in lines[2]
+    assert lines[3].endswith("go through again; fail-safe ended")
