@@ -86,8 +86,29 @@ PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
         re.compile(r"deepseek-(?:v3|r1|prover-v2-671b)(?!.*distill)", re.I),
         ModelSize(671.0, 37.0),
     ),
-    (re.compile(r"deepseek-v2(?:\.5)?-lite", re.I), ModelSize(15.7, 2.4)),
-    (re.compile(r"deepseek-v2(?!.*lite)", re.I), ModelSize(236.0, 21.0)),
+    # Coder-V2 is V2's shape (236B with 21B; its Lite 16B with 2.4B); a tag that names
+    # the total alone (deepseek-v2:16b, deepseek-coder-v2:16b) is the Lite.
+    (
+        re.compile(r"deepseek-(?:coder-)?v2(?:\.5)?(?:-lite|\D*?(?<![\d.])16b)", re.I),
+        ModelSize(15.7, 2.4),
+    ),
+    (re.compile(r"deepseek-(?:coder-)?v2(?!.*lite)", re.I), ModelSize(236.0, 21.0)),
+    # Qwen3 model cards: 30B-A3B 30.5B with 3.3B activated, 235B-A22B 235B with 22B,
+    # Coder-480B-A35B 480B with 35B; Qwen3 has no dense 30B, 235B or 480B, so a tag that
+    # names the total alone (qwen3:30b, qwen3-coder:480b) is the mixture. A name that
+    # states the active size too is read as it states it.
+    (
+        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?30b(?![-_:. ]?a\d)", re.I),
+        ModelSize(30.5, 3.3),
+    ),
+    (
+        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?235b(?![-_:. ]?a\d)", re.I),
+        ModelSize(235.0, 22.0),
+    ),
+    (
+        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?480b(?![-_:. ]?a\d)", re.I),
+        ModelSize(480.0, 35.0),
+    ),
     # Kimi K2 model card: 1 trillion in all, 32B activated.
     (re.compile(r"kimi-k2", re.I), ModelSize(1000.0, 32.0)),
     # GLM-4.5 model card: 355B with 32B active; GLM-4.5-Air 106B with 12B.

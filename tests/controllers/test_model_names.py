@@ -151,6 +151,18 @@ def test_a_mixture_whose_name_hides_a_size_gets_its_published_sizes(
         ("ibm-granite/granite-3.0-3b-a800m-instruct", 3.0, 0.8),  # active in millions
         ("allenai/OLMoE-1B-7B-0924-Instruct", 6.9, 1.3),  # active size first
         ("deepseek-ai/DeepSeek-Prover-V2-671B", 671.0, 37.0),  # DeepSeek-V3's base
+        # Mixtures named by their total alone (Ollama-style tags), and the Coder-V2 family.
+        ("deepseek-v2:16b", 15.7, 2.4),  # V2-Lite
+        ("deepseek-v2:236b", 236.0, 21.0),
+        ("deepseek-coder-v2:16b", 15.7, 2.4),
+        ("deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct", 15.7, 2.4),
+        ("deepseek-ai/DeepSeek-Coder-V2-Instruct", 236.0, 21.0),
+        ("qwen3:30b", 30.5, 3.3),  # Qwen3-30B-A3B: Qwen3 has no dense 30B
+        ("qwen3:235b", 235.0, 22.0),
+        ("qwen3-coder:30b", 30.5, 3.3),
+        ("qwen3-coder:480b", 480.0, 35.0),
+        ("Qwen/Qwen3-32B", 32.0, 32.0),  # dense
+        ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 30.0, 3.0),  # states both: read as stated
     ],
 )
 def test_a_name_is_never_priced_as_another_model(
