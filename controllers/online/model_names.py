@@ -76,9 +76,10 @@ PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
     # -20b are the same models fine-tuned.
     (re.compile(r"gpt[-_ ]?oss\D*?(?<![\d.])120b", re.I), ModelSize(117.0, 5.1)),
     (re.compile(r"gpt[-_ ]?oss\D*?(?<![\d.])20b", re.I), ModelSize(21.0, 3.6)),
-    # Llama 4 model card: 17B activated of 109B (Scout, 16 experts), of 400B (Maverick).
-    (re.compile(r"llama-4-scout", re.I), ModelSize(109.0, 17.0)),
-    (re.compile(r"llama-4-maverick", re.I), ModelSize(400.0, 17.0)),
+    # Llama 4 model card: 17B activated of 109B (Scout, 16 experts), of 400B (Maverick,
+    # 128); also spelled llama4, or tagged by its experts of the active size (16x17b).
+    (re.compile(r"llama[-_ ]?4[-_: ](?:scout|16x17b)", re.I), ModelSize(109.0, 17.0)),
+    (re.compile(r"llama[-_ ]?4[-_: ](?:maverick|128x17b)", re.I), ModelSize(400.0, 17.0)),
     # DeepSeek model cards: V3, R1 and Prover-V2-671B (V3's base) 671B with 37B
     # activated; V2 236B with 21B; V2-Lite 15.7B with 2.4B. R1's distilled models are
     # dense and name their size (a size that is not 671B: PUBLISHED_MATCH).

@@ -163,6 +163,12 @@ def test_a_mixture_whose_name_hides_a_size_gets_its_published_sizes(
         ("qwen3-coder:480b", 480.0, 35.0),
         ("Qwen/Qwen3-32B", 32.0, 32.0),  # dense
         ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 30.0, 3.0),  # states both: read as stated
+        # Llama 4 as Ollama tags it: 16 (128) experts of the 17B active, not an NxMB
+        # mixture of 17B experts (216B / 1,701B in all).
+        ("llama4:16x17b", 109.0, 17.0),
+        ("llama4:128x17b", 400.0, 17.0),
+        ("llama4:scout", 109.0, 17.0),
+        ("Llama4-Scout-17B", 109.0, 17.0),
     ],
 )
 def test_a_name_is_never_priced_as_another_model(
