@@ -348,7 +348,8 @@ def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
     ax.set_ylabel("energy per output token (J)")
     ax.set_title(f"gpugov sweep: {len(table)} groups (trace x profile x load x controller)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # none when no cell finished: no empty legend
+        ax.legend(fontsize=8)  # (matplotlib warned of one on stderr, naming this file)
     fig.tight_layout()
     data = figure_bytes(fig, "png")
     plt.close(fig)

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpugov.cli import main
 from gpugov.daemon.progress import Progress
 from gpugov.study.sweep import SUMMARY_JSON, SUMMARY_MD, plan_sweep
 from gpugov.study.sweep import run as sweep_run
+from gpugov.study.sweep_results import sweep_plot
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
@@ -176,3 +178,13 @@ def test_a_controller_whose_file_name_reads_as_math_is_plotted_as_written(
     code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
     assert code == 0, stderr
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_sweep_with_no_finished_cell_draws_its_plot_without_a_warning() -> None:
+    # Every cell failed: the empty legend was a matplotlib UserWarning on stderr, naming
+    # sweep_results.py and its source line.
+    pytest.importorskip("matplotlib")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = sweep_plot([])
+    assert data is not None and data.startswith(b"\x89PNG")
