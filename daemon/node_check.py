@@ -50,7 +50,6 @@ from gpugov.daemon.errors import (
     GpuCallHung,
     GpugovError,
     GpuUnavailable,
-    NotSupported,
 )
 from gpugov.daemon.files import STATE_DIR_ENV, resolve_state_dir
 from gpugov.daemon.lockstate import HOLD_FILE, STATE_FILE, model_hold_path, newer_record
@@ -625,16 +624,11 @@ def _check_domain(
             report.problems.append(error)
             clocks = ()
         labels = ", ".join(b.label for b in backends)
-        from gpugov.daemon.service import check_configured_clocks, gpu_names
+        from gpugov.daemon.service import check_configured_clocks, gpu_names, no_common_clock
 
         names = gpu_names(backends)
         if not clocks:
-            report.problems.append(
-                NotSupported(
-                    f"domain {domain.name!r}: GPUs {labels} have no supported SM clock in "
-                    "common; clock locking is not possible"
-                )
-            )
+            report.problems.append(no_common_clock(domain.name, backends))
         else:
             report.lines.append(
                 f"domain {domain.name}: GPU {labels} ({', '.join(sorted(set(names))) or '?'}): "

@@ -485,10 +485,7 @@ def build_domain(
     )
     clocks = observer.gpus.supported_clocks_mhz()
     if not clocks:
-        raise NotSupported(
-            f"domain {name!r}: its GPUs ({', '.join(b.label for b in backends)}) have no "
-            "supported SM clock in common; clock locking is not possible"
-        )
+        raise no_common_clock(name, backends)
     check_configured_clocks(name, safety.floor_mhz, controller_spec, clocks)
     check_configured_cap(
         name,
@@ -563,6 +560,15 @@ def build_domain(
         label=spec_name(controller_spec),
         budget=budget or PowerBudget(name),
         power_limits=power_limits,
+    )
+
+
+def no_common_clock(name: str, backends: Sequence[GpuBackend]) -> NotSupported:
+    """The refusal of a domain whose GPUs list no supported SM clock in common, in the
+    one line ``run`` and ``check-config`` both give (they gave two wordings)."""
+    return NotSupported(
+        f"domain {name!r}: its GPUs ({', '.join(b.label for b in backends)}) have no "
+        "supported SM clock in common; clock locking is not possible"
     )
 
 

@@ -282,6 +282,21 @@ def test_a_gpu_the_node_lacks_is_named_with_its_domain_by_both(
     assert capsys.readouterr().err.splitlines() == [run_line]
 
 
+def test_gpus_with_no_clock_in_common_are_runs_own_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A domain of two boards that list no clock alike: run and check-config refused it
+    in two wordings ("its GPUs (0, 1) have ..." and "GPUs 0, 1 have ...")."""
+    fake.gpus[0].graphics_clocks_mhz = (1980, 1965)
+    fake.gpus[1].graphics_clocks_mhz = (1500, 1485)
+    path = _write(tmp_path)
+    assert _run_code(path) == 4
+    run_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "domain 'llm'" in run_line and "no supported SM clock in common" in run_line
+    assert node_cli.main(["check-config", str(path)]) == 4
+    assert capsys.readouterr().err.splitlines() == [run_line]
+
+
 def test_a_gpu_lost_before_the_start_is_runs_own_line(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
