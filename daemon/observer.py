@@ -291,7 +291,6 @@ class DomainObserver:
         self._last: EngineSample | None = None
         self._last_time_s: float | None = None
         self._window_base: EngineSample | None = None
-        self._temperature_c = math.nan
         self.scrape_timeout_s = scrape_timeout_s
         self.log_every_s = log_every_s
         self.engine_errors = 0
@@ -796,8 +795,9 @@ class DomainObserver:
         engine = self._last or EngineSample(engine="none", running_requests=0, waiting_requests=0)
         base = self._window_base if new_scrape else None
         temperatures = [g.temperature_c for g in gpus if g.temperature_c is not None]
-        if temperatures:
-            self._temperature_c = max(temperatures)
+        # NaN when no GPU's reads this tick: held, the last one was planned with and
+        # recorded as measured for as long as the sensor kept failing.
+        temperature_c = max(temperatures) if temperatures else math.nan
         clocks_now = [g.sm_clock_mhz for g in gpus if g.sm_clock_mhz is not None]
         utilizations = [g.utilization for g in gpus if g.utilization is not None]
         supported = self.gpus.supported_clocks_mhz()
@@ -869,7 +869,7 @@ class DomainObserver:
             prefill_tail_tokens=None if tail is None else max(0.0, float(tail)),
             decode_active=decoding,
             generated_decode_tokens=max(0.0, float(generated)),
-            temperature_c=self._temperature_c,
+            temperature_c=temperature_c,
             waiting_requests=self._waiting(engine) + prefilling,
             completed_requests=round(finished or 0.0),
             output_tokens_total=float(engine.generation_tokens_total or 0.0),

@@ -392,6 +392,22 @@ def test_domain_aggregation_over_gpus() -> None:
     assert o.supported_clocks_mhz == (900.0, 1500.0, 1980.0)  # common to both
 
 
+def test_a_temperature_not_read_this_tick_is_nan_not_the_last_one() -> None:
+    """Once no GPU's temperature reads (a sensor that fails, then keeps failing), the
+    observation held the last one read as if measured at every later tick: --record lines
+    carried it, mpc-online's thermal model learned windows where the die did not warm
+    whatever the power, and the MPC planned from a die that never cooled. It is NaN (a
+    null in a record) until one reads again, as before the first one did."""
+    gpu = StubGpu("0")
+    observer = DomainObserver([gpu], StubSource(), stale_after_s=3.0)
+    gpu.next = GpuSample("0", temperature_c=80.0, sm_clock_mhz=1410)
+    assert observer.observe(0.0, 0, None).observation.temperature_c == 80.0
+    gpu.next = GpuSample("0", sm_clock_mhz=1410, read_errors=("temperature",))
+    assert math.isnan(observer.observe(1.0, 1, None).observation.temperature_c)
+    gpu.next = GpuSample("0", temperature_c=75.0, sm_clock_mhz=1410)
+    assert observer.observe(2.0, 2, None).observation.temperature_c == 75.0
+
+
 def test_staleness_and_errors() -> None:
     gpu, source = StubGpu("0"), StubSource()
     observer = DomainObserver([gpu], source, stale_after_s=2.5)
