@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.cli_outputs import check_not_an_input, check_output_file, controller_files
-from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.cli_support import UsageError, check_metrics_address
 from gpugov.daemon.config import (
     ONLINE_PERIOD_S,
     DomainConfig,
@@ -384,12 +384,14 @@ def _check_outputs(
         report.problems.append(error)
     _check_state_dirs(config, report)
     address = config.daemon.metrics_address
-    if address and address.lower() != "none":
-        reason = _bind_error(address)
-        if reason is not None:
-            report.problems.append(
-                UsageError(f"daemon.metrics_address {address}: cannot serve metrics: {reason}")
-            )
+    if address and address.lower() != "none" and _bind_error(address) is not None:
+        # In run's own line (its check, which this one's tolerance of a port a running
+        # gpugov holds aside, refuses the same address).
+        name = "daemon.metrics_address" if path is None else f"{path}: daemon.metrics_address"
+        try:
+            check_metrics_address(address, name)
+        except UsageError as error:
+            report.problems.append(error)
 
 
 def _check_state_dirs(config: GpugovConfig, report: NodeReport) -> None:

@@ -282,6 +282,22 @@ def test_a_gpu_the_node_lacks_is_named_with_its_domain_by_both(
     assert capsys.readouterr().err.splitlines() == [run_line]
 
 
+def test_a_metrics_address_not_on_this_host_is_runs_own_line(
+    tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run said 'FILE: daemon.metrics_address: cannot serve metrics on ADDRESS: ...; pick
+    another', check-config 'daemon.metrics_address ADDRESS: cannot serve metrics: ...'."""
+    path = _write(tmp_path)
+    path.write_text(
+        path.read_text().replace('metrics_address = ""', 'metrics_address = "192.0.2.1:9400"')
+    )
+    assert _run_code(path) == 2
+    run_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert run_line.startswith(f"gpugov: error: {path}: daemon.metrics_address: cannot serve")
+    assert node_cli.main(["check-config", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [run_line]
+
+
 def test_gpus_with_no_clock_in_common_are_runs_own_line(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
