@@ -283,6 +283,10 @@ class MPCController:
         self.feedback_yields_when_ahead = bool(feedback_yields_when_ahead)
         self.dwell_s = float(dwell_s)
         self.held_clock_mhz: float | None = None
+        self.last_temperature_c: float | None = None
+        """The last finite die temperature observed: a tick whose sensor gave none (NaN)
+        is planned from it, else from the plant's ambient (a NaN turned the thermal
+        limit's check off)."""
         """The clock the node has locked (the observation's), whose hold plans are priced
         against (:attr:`dwell_s`)."""
         self.held_since_s = -math.inf
@@ -377,6 +381,17 @@ class MPCController:
         observed_window = min(self.arrival_window_s, max(observation.time_s, self.control_period_s))
         return float(self.arrivals_in_window) / observed_window
 
+    def _finite_temperature(self, observation: ServingObservation) -> float:
+        """The observation's die temperature where finite (remembered), else the last
+        finite one, else the plant's ambient."""
+        temperature = observation.temperature_c
+        if math.isfinite(temperature):
+            self.last_temperature_c = float(temperature)
+            return float(temperature)
+        if self.last_temperature_c is not None:
+            return self.last_temperature_c
+        return float(self.plant.ambient_temperature_c)
+
     def problem(self, observation: ServingObservation, arrival_rate: float) -> MPCProblem:
         """The horizon problem for ``observation`` and an arrival-rate estimate (req/s)."""
         return MPCProblem(
@@ -389,7 +404,7 @@ class MPCController:
                 self.mean_output_tokens,
             ),
             initial_active_decode=float(observation.decode_active),
-            initial_temperature_c=observation.temperature_c,
+            initial_temperature_c=self._finite_temperature(observation),
             prompt_arrivals=np.full(
                 self.horizon_steps,
                 arrival_rate * self.mean_prompt_tokens * self.control_period_s,

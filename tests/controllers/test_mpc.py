@@ -540,3 +540,21 @@ def test_a_counter_jump_costs_a_tick_no_more_and_decides(jump: int) -> None:
     )
     clock = controller(_observation(late + 0.5, arrived=10**300))
     assert clock in set(controller.plant.profile.clock_mhz.tolist())
+
+
+def test_a_tick_with_no_temperature_plans_from_the_last_one_read(synthetic_plant):
+    """A tick whose sensor gave no temperature (NaN: no GPU's reading came through) is
+    planned from the last finite one, else the plant's ambient: a NaN start turned the
+    thermal limit's check off (every comparison with NaN is false)."""
+    controller = MPCController(synthetic_plant, control_period_s=1.0)
+    controller(_observation(0.0, temperature_c=math.nan))
+    assert controller.last_problem is not None
+    assert controller.last_problem.initial_temperature_c == synthetic_plant.ambient_temperature_c
+    controller(_observation(1.0, temperature_c=81.0))
+    controller(_observation(2.0, temperature_c=math.nan))
+    assert controller.last_problem.initial_temperature_c == 81.0
+    # The same decision as with the temperature read.
+    twin = MPCController(synthetic_plant, control_period_s=1.0)
+    twin(_observation(0.0))
+    twin(_observation(1.0, temperature_c=81.0))
+    assert twin(_observation(2.0, temperature_c=81.0)) == controller.current_clock
