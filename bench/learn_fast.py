@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ import numpy as np
 
 from gpugov.controllers.baseline import maximum_clock_controller
 from gpugov.daemon.cli_support import load_trace_for_cli, simulated_controller
+from gpugov.daemon.progress import Progress
 from gpugov.plant import (
     PerformanceProfile,
     ServingPlant,
@@ -36,7 +39,10 @@ from gpugov.plant import (
     load_profile,
     simulate,
 )
+from gpugov.plant.profile import ProfileError
 from gpugov.plant.result import ServingResult
+from gpugov.plant.trace_formats import TraceError
+from gpugov.plant.types import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "learn_fast.json"
@@ -95,16 +101,24 @@ def first_below_top(result: ServingResult) -> dict[str, float] | None:
     }
 
 
+SPECS = ("mpc-online", "mpc-online:auto=off")
+
+
 def run(
-    profile: PerformanceProfile, trace: str, duration_s: float, periods: list[float]
+    profile: PerformanceProfile,
+    workload: Sequence[Request],
+    periods: list[float],
+    step: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every spec at every period on ``profile``, against the maximum clock."""
-    workload, _ = load_trace_for_cli(trace, duration_s=duration_s)
+    """Every spec at every period on ``profile``, against the maximum clock; ``step`` is
+    called after each run (the maximum clock's too) with what it ran."""
     plant = ServingPlant.from_profile(profile)
     top = simulate(workload, plant, chunked_prefill_scheduler, maximum_clock_controller, 0)
+    if step is not None:
+        step(f"last {profile.name} max")
     rows = []
     for period in periods:
-        for spec in ("mpc-online", "mpc-online:auto=off"):
+        for spec in SPECS:
             controller = simulated_controller(spec, plant, workload, period)
             result = simulate(
                 workload, plant, chunked_prefill_scheduler, controller, 0, control_period_s=period
@@ -136,7 +150,26 @@ def run(
                 f"{100 * (top.metrics.slo_attainment or 0):6.2f}%)",
                 flush=True,
             )
+            if step is not None:
+                step(f"last {profile.name} {spec} {period:g} s")
     return rows
+
+
+def _periods(text: str) -> list[float]:
+    """``--periods`` as seconds (comma-separated, each finite and positive).
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    try:
+        periods = [float(part) for part in text.split(",")]
+    except ValueError:
+        periods = []
+    if not periods or not all(math.isfinite(p) and p > 0.0 for p in periods):
+        raise ValueError(
+            f"--periods must be positive seconds, comma-separated (such as 1,0.25), got {text!r}"
+        )
+    return periods
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,13 +181,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default=",".join(BUNDLED), help="bundled profiles")
     parser.add_argument("--out", default=str(OUT), help="output JSON")
     args = parser.parse_args(argv)
-    periods = [float(p) for p in args.periods.split(",")]
-    profiles = [load_profile(name) for name in args.profiles.split(",") if name]
+    out = Path(args.out)
+    # Every input is checked before the first run: one line naming it, exit 2.
+    try:
+        periods = _periods(args.periods)
+        if not (math.isfinite(args.duration) and args.duration > 0.0):
+            raise ValueError(f"--duration must be positive seconds, got {args.duration!r}")
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a directory; name a JSON file")
+        profiles = [load_profile(name) for name in args.profiles.split(",") if name]
+        workload, _ = load_trace_for_cli(args.trace, duration_s=args.duration)
+    except (ValueError, ProfileError, TraceError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     profiles.append(synthetic_profile())
+    runs = len(profiles) * (1 + len(periods) * len(SPECS))
+    bar = Progress(runs, "learn fast", unit="runs")
+    done = 0
+
+    def step(detail: str) -> None:
+        nonlocal done
+        done += 1
+        bar.update(done, detail, force=True)
+
     rows: list[dict[str, Any]] = []
     for profile in profiles:
-        rows += run(profile, args.trace, args.duration, periods)
-    out = Path(args.out)
+        rows += run(profile, workload, periods, step)
+    bar.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
