@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import ONLINE_PERIOD_S, default_control_period, parse_address
+from gpugov.daemon.config import (
+    ONLINE_PERIOD_S,
+    default_control_period,
+    host_name_problem,
+    parse_address,
+)
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,
@@ -196,6 +201,10 @@ def check_engine_url(
         raise UsageError(
             f"{flag} {shown}: not an http(s) URL with a host and a valid port, such as {example}"
         )
+    problem = host_name_problem(parts.hostname)
+    if problem is not None:
+        # http.client raised on it at the first request: a traceback.
+        raise UsageError(f"{flag}: {problem}, such as {example}")
     if "@" in parts.netloc:
         # Dropped from every request (a page behind authentication answered 401); the
         # URL is not echoed: a password.

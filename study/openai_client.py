@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpugov.daemon.config import host_name_problem
+
 if TYPE_CHECKING:
     import argparse
 
@@ -179,6 +181,9 @@ def base_url(url: str) -> tuple[str, int, str]:
     if parts is None or parts.scheme != "http" or not parts.hostname or port == 0:
         shown = url if len(url) <= 200 else f"{url[:200]}..."
         raise EngineUnreachable(f"--url {shown}: expected http://HOST:PORT")
+    problem = host_name_problem(parts.hostname)
+    if problem is not None:  # http.client raised on it at the first request
+        raise EngineUnreachable(f"--url: {problem}; expected http://HOST:PORT")
     prefix = parts.path.rstrip("/")
     prefix = prefix.removesuffix("/v1")
     return parts.hostname, port or 80, prefix

@@ -90,6 +90,17 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["run", "--simulate", "--controller", "fixed:99999"], "outside the supported range"),
         (["status", "--engine-url", "notaurl"], "--engine-url notaurl: not an http(s) URL"),
         (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "valid port"),
+        # A host no name encodes, or one holding a control character: http.client raised
+        # on it at the first request, a traceback.
+        (["status", "--engine-url", "http://ü..x:8000/metrics"], "'ü..x' is no host name"),
+        (
+            ["load", "--url", "http://ü..x:8000", "--trace", "azure-conv-10min"],
+            "--url: 'ü..x' is no host name",
+        ),
+        (
+            ["load", "--url", "http://a\x01b:8000", "--trace", "azure-conv-10min"],
+            "it holds a control character",
+        ),
         (["bench", "controllers", "--traces", "nosuch"], "unknown trace 'nosuch'"),
         (
             ["bench", "controllers", "--traces", "azure-conv-10mim"],
