@@ -44,9 +44,12 @@ sys.path[:0] = [str(ROOT / "tests" / "daemon")]
 
 from fake_pynvml import FakeNvml  # noqa: E402
 
+from gpugov.daemon.cli_outputs import check_output_file  # noqa: E402
+from gpugov.daemon.cli_support import UsageError  # noqa: E402
 from gpugov.daemon.config import parse_config  # noqa: E402
 from gpugov.daemon.exporter import Exporter  # noqa: E402
 from gpugov.daemon.files import json_safe  # noqa: E402
+from gpugov.daemon.limits import MAX_PERIOD_S, MIN_PERIOD_S  # noqa: E402
 from gpugov.daemon.loop import LoopSnapshot, TimedLoop, VirtualClock, run  # noqa: E402
 from gpugov.daemon.model_store import learned_windows  # noqa: E402
 from gpugov.daemon.progress import Progress  # noqa: E402
@@ -161,6 +164,28 @@ def slope_mb_per_day(points: list[tuple[float, float]]) -> float | None:
     return 24.0 * sxy / sxx if sxx > 0 else None
 
 
+def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, in one line naming the flag, what the soak cannot run with, before it runs
+    (minutes): a number that is not finite, a period the daemon's config refuses, an
+    ``--out`` that cannot be written (it was found after the soak, as a traceback)."""
+    for flag in ("hours", "warmup_hours", "period", "sample_minutes"):
+        if not math.isfinite(getattr(args, flag)):
+            parser.error(f"--{flag.replace('_', '-')} must be a finite number")
+    if not (args.hours > args.warmup_hours >= 0 and args.sample_minutes > 0):
+        parser.error("need --hours > --warmup-hours >= 0 and a positive --sample-minutes")
+    if not MIN_PERIOD_S <= args.period <= MAX_PERIOD_S:
+        parser.error(
+            f"--period must be from {MIN_PERIOD_S:g} to {MAX_PERIOD_S:g} s (the daemon's "
+            f"daemon.period_s bounds), got {args.period:g}"
+        )
+    if args.out == OUT:  # the default's folder is git-ignored: made when missing
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        check_output_file("--out", args.out)
+    except UsageError as error:
+        parser.error(str(error))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the soak and write its JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -176,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    if not (args.hours > args.warmup_hours >= 0 and args.period > 0 and args.sample_minutes > 0):
-        parser.error("need --hours > --warmup-hours >= 0, a positive --period and interval")
+    check_flags(parser, args)
 
     state_dir = tempfile.TemporaryDirectory(prefix="gpugov-soak-")
     controller: dict[str, Any] = (
