@@ -360,8 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             resolve_profile(spec)
         if not 0.0 < args.load < 1.0:
             raise ValueError(f"--load must lie in (0, 1), got {args.load!r}")
-        if not args.duration > FIRST_S:
+        if not FIRST_S < args.duration < math.inf:
             raise ValueError(f"--duration must exceed {FIRST_S:g} s, got {args.duration!r}")
+        if not 0.0 <= args.start < math.inf:
+            raise ValueError(f"--start must be seconds >= 0, got {args.start!r}")
+        if Path(args.out).is_dir():
+            raise ValueError(f"--out {args.out} is a directory; name a JSON file")
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         with warnings.catch_warnings():

@@ -15,6 +15,9 @@ from study_support import run_bench_main
     [
         (["--load", "1.5"], "--load must lie in (0, 1)"),
         (["--duration", "200"], "--duration must exceed 300 s"),
+        (["--duration", "inf"], "--duration must exceed 300 s"),
+        (["--start", "nan"], "--start must be seconds >= 0"),
+        (["--start", "-100"], "--start must be seconds >= 0"),
         (["--profiles", "synthetic:nope"], "unknown synthetic profile shape"),
         (["--trace", "no-such-trace.csv"], "no-such-trace.csv"),
     ],
@@ -28,6 +31,13 @@ def test_bad_arguments_are_refused_in_one_line(
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert not out.exists()
+
+
+def test_an_output_that_is_a_directory_is_refused_before_any_run(tmp_path: Path) -> None:
+    code, stdout, stderr = run_bench_main("unseen_node", ["--out", str(tmp_path)])
+    assert code == 2
+    assert "is a directory" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not stdout
 
 
 def test_short_run_reports_savings_and_ratios(tmp_path: Path) -> None:
