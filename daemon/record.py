@@ -514,14 +514,7 @@ def keep_previous_recordings(path: Path, keep: int = RECORD_KEEP_PREVIOUS) -> No
     ``path.<keep>`` (the oldest beyond it is dropped), as logrotate numbers them; one log
     line says where it went, or, where a rename fails, that it will be overwritten."""
     try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
-        for index in range(keep - 1, 0, -1):
-            older = path.with_name(f"{path.name}.{index}")
-            if older.is_file():
-                older.replace(path.with_name(f"{path.name}.{index + 1}"))
-        kept = path.with_name(f"{path.name}.1")
-        path.replace(kept)
+        kept = _shift_recordings(path, keep)
     except OSError as error:
         log.warning(
             "recording %s: cannot keep the previous recording (%s); it is overwritten",
@@ -529,7 +522,26 @@ def keep_previous_recordings(path: Path, keep: int = RECORD_KEEP_PREVIOUS) -> No
             error.strerror or error,
         )
         return
-    log.info("recording %s: the previous recording kept as %s", path, kept.name)
+    if kept is not None:
+        log.info("recording %s: the previous recording kept as %s", path, kept.name)
+
+
+def _shift_recordings(path: Path, keep: int = RECORD_KEEP_PREVIOUS) -> Path | None:
+    """Move a non-empty recording at ``path`` to ``path.1``, older ones up to
+    ``path.<keep>``; where it went (None: nothing to keep).
+
+    Raises:
+        OSError: a rename failed (``path`` is where it was).
+    """
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    for index in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.is_file():
+            older.replace(path.with_name(f"{path.name}.{index + 1}"))
+    kept = path.with_name(f"{path.name}.1")
+    path.replace(kept)
+    return kept
 
 
 class Recorder:
@@ -699,26 +711,46 @@ class Recorder:
                 self._file_bytes += len(line)
             handle.flush()
             if self._writer is not None and self._file_bytes >= self._rotate_bytes:
-                self._rotate(handle)
+                return self._rotate(handle)
         except OSError as error:
             self._stop(error)
             return False
         return True
 
-    def _rotate(self, handle: IO[str]) -> None:
+    def _rotate(self, handle: IO[str]) -> bool:
         """Go on in a new file at the path, its header first, the full one kept as
-        ``FILE.1`` (the writer thread's, between two ticks: each file reads whole).
+        ``FILE.1`` (the writer thread's, between two ticks: each file reads whole);
+        False (the recording stopped, one warning) where the full one cannot be kept
+        aside: it is not truncated for the next.
 
         Raises:
             OSError: the new file cannot be opened or written (the recording stops).
         """
         self._file = None
         handle.close()
-        keep_previous_recordings(self.path)
+        try:
+            kept = _shift_recordings(self.path)
+        except OSError as error:
+            self.failed = error.strerror or str(error)
+            log.warning(
+                "recording %s: reached %d bytes and cannot be kept aside as %s.1 (%s); "
+                "recording stopped after %d tick line(s), the file kept whole, the run goes on",
+                self.path,
+                self._file_bytes,
+                self.path.name,
+                self.failed,
+                self.lines,
+            )
+            with self._lock:
+                self._queue.clear()
+            return False
+        if kept is not None:
+            log.info("recording %s: the previous recording kept as %s", self.path, kept.name)
         fresh = self.path.open("w")
         self._file = fresh
         fresh.write(self._header_line)
         self._file_bytes = len(self._header_line)
+        return True
 
     def _stop(self, error: OSError) -> None:
         """End the recording after a failed write: one warning; the run goes on."""

@@ -404,3 +404,32 @@ def test_a_simulated_recording_is_never_rotated(tmp_path: Path) -> None:
         recorder([])
     recorder.close()
     assert sorted(p.name for p in tmp_path.glob("sim.jsonl*")) == ["sim.jsonl"]
+
+
+def test_a_full_recording_that_cannot_be_kept_aside_is_kept_and_the_recording_stops(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the full file cannot be renamed to FILE.1 at its size limit, it is not
+    truncated for the next one: the recording stops there, one warning, and the file so
+    far stays whole and readable."""
+    caplog.set_level(logging.WARNING, logger="gpugov.daemon.record")
+    assembled = fixed_clock_node(tmp_path, metrics_server, FakeNvml(1))
+    path = tmp_path / "run.jsonl"
+    recorder = Recorder(path, assembled.header, close_wait_s=JOIN_S, rotate_bytes=6000)
+
+    def refused(self: Path, target: Any) -> Path:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "replace", refused)
+    _run(assembled, 30, recorder)
+    recorder.close()
+    assert sorted(p.name for p in tmp_path.glob("run.jsonl*")) == ["run.jsonl"]
+    header, rows = read_recording(path)
+    check_recording(path, header, rows)
+    assert [row["step"] for row in rows] == list(range(len(rows))) and path.stat().st_size >= 6000
+    assert recorder.failed is not None and "Permission denied" in recorder.failed
+    stopped = [m for m in caplog.messages if "recording stopped" in m]
+    assert len(stopped) == 1 and f"after {len(rows)} tick line(s)" in stopped[0]
