@@ -460,13 +460,15 @@ class OnlineMPCController(MeasuredLatencyRules):
     def _one_engine(self, observation: ServingObservation) -> ServingObservation:
         """``observation`` as one of the engines it pools sees it. Where the engine count
         changed, the counters changed scale: the next window is not learned from, and the
-        MPC counts arrivals afresh."""
+        MPC counts arrivals afresh; the automatic hints' prior, which is one engine's (its
+        share of the domain's GPUs), is asked again."""
         engines = observation.engines
         if engines != self.engines:
             self.engines = engines
             self.previous = None
             self.mpc = None
             self.arrivals_baseline = None
+            self._hinted_name = None
         self.pooled_waiting = float(observation.waiting_requests)
         return engine_view(observation)
 

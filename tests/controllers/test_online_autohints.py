@@ -140,6 +140,23 @@ def test_a_data_parallel_domain_is_hinted_per_engine() -> None:
     assert controller.auto_prior is per_engine
 
 
+def test_a_data_parallel_domain_that_scales_is_hinted_per_engine_again() -> None:
+    """Eight GPUs whose page showed one engine, then four (a data-parallel deployment
+    scaled up, or its other engines' series came later): the prior is asked again for
+    one of the four engines (TP 2), where it kept the one engine's TP 8 shape and board."""
+    hints = AutoHints(gpu=H100, tensor_parallel=8)
+    name = "meta-llama/Llama-3.1-70B-Instruct"
+    controller = OnlineMPCController(auto_hints=hints, warmup_s=5.0)
+    controller(_observation(0.0, name))
+    assert controller.auto_prior is hints.prior_for(name)
+    controller(_observation(0.25, name, engines=4))
+    per_engine = hints.prior_for(name, engines=4)
+    assert per_engine is not None and controller.auto_prior is per_engine
+    assert per_engine.board_power_w == pytest.approx(2 * GPUS["h100"].tdp_w)
+    model = controller.model
+    assert model is not None and not model.warmed_up and model.prior is per_engine
+
+
 def test_the_controller_takes_the_hint_when_the_first_name_arrives() -> None:
     controller = OnlineMPCController(
         auto_hints=AutoHints(gpu=H100, tensor_parallel=1), warmup_s=5.0
