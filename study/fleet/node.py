@@ -19,7 +19,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper, controller_label, power_needed
 from gpugov.daemon.cli_support import UsageError, parse_controller_flag
 from gpugov.daemon.controller_spec import shown_spec
-from gpugov.daemon.decide import ControllerContext, build_controller
+from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
 from gpugov.daemon.errors import ControllerError as GpugovControllerError
 from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
@@ -46,14 +46,18 @@ def node_controller(
     period_s: float,
     safety: SafetySettings | None,
     slo_target: SLOTarget | None = None,
+    forecasts: Forecasts | None = None,
 ) -> ControllerWrapper:
     """``spec``'s controller as a node runs it: the node's factory and safety chain with
     the budget guard (the observation's power limit holds the clock by the controller's
-    own model, ``controllers/power_need.py``) and the domain's SLO target."""
+    own model, ``controllers/power_need.py``) and the domain's SLO target. ``forecasts``:
+    those ``workload`` declares, when the caller has them (a fleet's nodes share one)."""
     config = parse_controller_flag(spec, default_profile=plant.profile.name)
+    declared = {} if forecasts is None else {"forecasts": forecasts}
     context = ControllerContext.for_plant(
         plant,
-        workload,
+        () if forecasts is not None else workload,
+        **declared,
         period_s=period_s,
         safety=safety,
         budget_guard=True,
@@ -84,7 +88,11 @@ class FleetNode:
         seed: int = 0,
         view: ObservationView | None = None,
         slo_target: SLOTarget | None = None,
+        forecasts: Forecasts | None = None,
     ) -> None:
+        """``forecasts``: :meth:`Forecasts.from_workload` of ``forecast_workload`` where
+        the caller has it; a fleet computes it once for all its nodes (each node read the
+        whole fleet's workload, and building 2,000 nodes took minutes)."""
         self.name = name
         self.plant = plant
         self.profile_name = plant.profile.name
@@ -97,13 +105,16 @@ class FleetNode:
         """What the node's controller observes (``view``: a node's, from its engine's
         page; without one, the plant's exact state)."""
         self.controller = node_controller(
-            controller_spec, plant, forecast_workload, period_s, safety, slo_target
+            controller_spec, plant, forecast_workload, period_s, safety, slo_target, forecasts
         )
         self.cap_w = self.tdp_w
         self.tokens_per_s = 1.0
         """The node's serving rate at its top clock on the fleet's mix (tokens per second;
         what ``least-work`` weighs its outstanding tokens by; the fleet sets it)."""
         self._pending: deque[Request] = deque()
+        self._pending_prompt_tokens = 0
+        """The prompt tokens of ``_pending``, kept as it changes: a router reads it for
+        every node at every request (summed anew, quadratic in a large fleet)."""
         self.dispatched_prompt_tokens = 0
         self.observation: ServingObservation | None = None
         self.need: Need | None = None
@@ -125,13 +136,14 @@ class FleetNode:
     def dispatch(self, request: Request) -> None:
         """Queue a routed request; it reaches the engine at its arrival time."""
         self._pending.append(request)
+        self._pending_prompt_tokens += request.prompt_tokens
         self.dispatched_prompt_tokens += request.prompt_tokens
 
     def outstanding_tokens(self) -> float:
         """Tokens a router counts against this node: prompt tokens queued for prefill,
         dispatched but not yet arrived, and the KV tokens of running requests (what the
         engine's gauges and the router's own dispatch log tell it)."""
-        pending = sum(r.prompt_tokens for r in self._pending)
+        pending = self._pending_prompt_tokens
         observation = self.observation
         if observation is None:
             return float(pending)
@@ -157,6 +169,7 @@ class FleetNode:
         pending = self._pending
         while pending and pending[0].arrival_time_s <= end_s:
             request = pending.popleft()
+            self._pending_prompt_tokens -= request.prompt_tokens
             simulation.advance_to(request.arrival_time_s)
             simulation.add_request(request.prompt_tokens, request.output_tokens)
         simulation.advance_to(end_s)

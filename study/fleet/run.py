@@ -33,6 +33,7 @@ from gpugov.daemon.cli_support import (
     parse_controller_flag,
     slo_target_of,
 )
+from gpugov.daemon.decide import Forecasts
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
@@ -470,6 +471,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     workload: Sequence[Request] = shared["workload"]
     plants: Mapping[str, ServingPlant] = shared["plants"]
     safety = SafetySettings(dwell_s=config.dwell_s)
+    forecasts = Forecasts.from_workload(workload)  # once: every node declares the same
     nodes = [
         FleetNode(
             f"node{i}",
@@ -482,6 +484,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             seed=config.seed + i,
             view=observation_view(config.engine_view),
             slo_target=slo_target_of(config.slo_target),
+            forecasts=forecasts,
         )
         for i, name in enumerate(config.node_profiles())
     ]

@@ -1029,3 +1029,37 @@ def test_the_steps_slo_loss_is_against_the_same_allocator_at_its_own_budget(
     ]
     step = [row for row in summarize(config, rows) if row["step"]]
     assert step[0]["step_slo_loss_pp"] == (None if loss is None else pytest.approx(loss))
+
+
+def test_a_fleets_nodes_share_one_reading_of_the_workloads_forecasts(
+    tiny: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every node declared its forecasts by reading the whole fleet's workload, which grows
+    # with the fleet: building 2,000 nodes took minutes before the first progress line.
+    from gpugov.daemon import decide
+    from gpugov.study.fleet import node as fleet_node
+
+    config = replace(tiny["config"], nodes=6)  # type: ignore[arg-type]
+    shared = {"config": config, "workload": tiny["workload"], "plants": tiny["plants"]}
+    read: list[int] = []
+    real = decide.Forecasts.from_workload.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type, workload: object) -> object:
+        read.append(len(workload))  # type: ignore[arg-type]
+        return real(cls, workload)
+
+    monkeypatch.setattr(decide.Forecasts, "from_workload", classmethod(counting))
+    once = run_cell(Cell("uncapped", None), shared)
+    assert read.count(len(tiny["workload"])) == 1  # type: ignore[arg-type]
+    # The same run as each node reading the workload itself.
+    original = fleet_node.FleetNode.__init__
+
+    def per_node(self: object, *args: object, forecasts: object = None, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet_node.FleetNode, "__init__", per_node)
+    read.clear()
+    each = run_cell(Cell("uncapped", None), shared)
+    assert read.count(len(tiny["workload"])) == 1 + 6  # type: ignore[arg-type]
+    once.pop("cpu_s"), each.pop("cpu_s")
+    assert once == each
