@@ -14,6 +14,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper, controller_label, power_needed
@@ -53,12 +54,12 @@ def node_controller(
     own model, ``controllers/power_need.py``) and the domain's SLO target. ``forecasts``:
     those ``workload`` declares, when the caller has them (a fleet's nodes share one)."""
     config = parse_controller_flag(spec, default_profile=plant.profile.name)
-    declared = {} if forecasts is None else {"forecasts": forecasts}
+    declared: dict[str, Any] = {} if forecasts is None else {"forecasts": forecasts}
     context = ControllerContext.for_plant(
         plant,
         () if forecasts is not None else workload,
-        **declared,
         period_s=period_s,
+        **declared,
         safety=safety,
         budget_guard=True,
         slo_target=slo_target,

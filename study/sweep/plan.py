@@ -216,7 +216,7 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
         ("controllers", controller_ids),
     ):
         _refuse_the_same_twice(path, key, ids)
-    checks = len(grid.profiles) * (1 + len(grid.controllers)) + len(grid.traces)
+    checks = float(len(grid.profiles) * (1 + len(grid.controllers)) + len(grid.traces))
     checks += total * CELL_CHECK  # every cell keyed: seconds for 100,000 of them
     done = 0.0
 
