@@ -565,9 +565,11 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             cap_series.append([node.cap_w for node in nodes])
             need_series.append(last_needs)
         end = now + period
+        arriving = []  # routed as a batch: the nodes do not step until the period ends
         while upcoming is not None and upcoming.arrival_time_s < end:
-            nodes[router.choose(upcoming, nodes)].dispatch(upcoming)
+            arriving.append(upcoming)
             upcoming = next(arrivals, None)
+        router.route(arriving, nodes)
         for node in nodes:
             node.step(end)
         energies = [node.energy_j for node in nodes]
