@@ -250,10 +250,15 @@ class PowerLimitBackend(Protocol):
     def set_power_limit(self, limit_w: float) -> None: ...
 
 
+def unwrapped(backend: GpuBackend) -> GpuBackend:
+    """The GPU backend inside a dry-run wrapper (reads go through it unchanged)."""
+    return backend.inner if isinstance(backend, DryRunBackend) else backend
+
+
 def power_limit_backend(backend: GpuBackend) -> PowerLimitBackend | None:
     """``backend`` as a :class:`PowerLimitBackend` when its GPU's power limit can be set
     through it (a dry run when the GPU it wraps can), else None."""
-    inner = backend.inner if isinstance(backend, DryRunBackend) else backend
+    inner = unwrapped(backend)
     if not isinstance(inner, PowerLimitBackend) or not isinstance(backend, PowerLimitBackend):
         return None
     return backend

@@ -483,7 +483,7 @@ def _open_gpus(
     """Open every domain's GPUs read-only as ``run`` opens them; None when this machine
     has no driver for the backend (the GPU part is skipped). A domain whose GPUs could
     not all be opened is left out (its problem is reported)."""
-    from gpugov.daemon.service import (
+    from gpugov.daemon.gpu_open import (
         GPU_OPEN_DEADLINE_S,
         check_actuator_serves,
         check_opened_once,
@@ -580,8 +580,8 @@ def _nvml_or_none(
     """The NVML module when a driver answers here; None (and one line) when this machine
     has no NVIDIA driver or library. Any other NVML failure is a problem: ``run`` on this
     node would fail the same way."""
+    from gpugov.daemon.gpu_open import GPU_OPEN_DEADLINE_S
     from gpugov.daemon.nvml import load_pynvml, nvml_device_count
-    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S
 
     try:
         module = nvml or (load_nvml or load_pynvml)()
@@ -626,7 +626,7 @@ def _check_domain(
             report.problems.append(error)
             clocks = ()
         labels = ", ".join(b.label for b in backends)
-        from gpugov.daemon.service import check_configured_clocks, gpu_names, no_common_clock
+        from gpugov.daemon.gpu_open import check_configured_clocks, gpu_names, no_common_clock
 
         names = gpu_names(backends)
         if not clocks:
@@ -662,7 +662,7 @@ def _check_domain(
         # Named as run names it (daemon.service.build_domain): the domain and its field.
         report.problems.append(ControllerError(f"domain {domain.name!r}: controller: {error}"))
         return
-    from gpugov.daemon.service import check_power_capping
+    from gpugov.daemon.gpu_open import check_power_capping
 
     # As run's power limit actuator is made: each GPU's backend sets power limits;
     # offline, the config's backend does (only nvml).

@@ -39,7 +39,7 @@ GPU_CALL_DEADLINE_S = 2.0
 that does not initialise NVML (a sample, the clocks' list, the power limits, a close):
 the loop's :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S`. The calls that do (listing
 the GPUs, opening one) wait ``run``'s start's
-:data:`~daemon.service.GPU_OPEN_DEADLINE_S`."""
+:data:`~daemon.gpu_open.GPU_OPEN_DEADLINE_S`."""
 
 
 def gpu_calls(gpu: int | str) -> SerialCalls:

@@ -44,7 +44,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from gpugov.controllers.contract import ClockController, fits_budget, layers, power_needed
 from gpugov.controllers.power_need import BudgetGuard
-from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
+from gpugov.daemon.backend import GpuBackend, GpuSample, unwrapped
 from gpugov.daemon.deadline import READ_DEADLINE_S, LatestReader, ReadTimeout
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ConfigError
@@ -493,7 +493,7 @@ def domain_power_limit_range(
     reports them (:class:`PowerLimitRange`: NVML, each read within ``read_deadline_s``)."""
     low = high = 0.0
     for backend in backends:
-        inner = backend.inner if isinstance(backend, DryRunBackend) else backend
+        inner = unwrapped(backend)
         if not isinstance(inner, PowerLimitRange):
             return None
         limits = power_limit_range_w(inner, read_deadline_s)

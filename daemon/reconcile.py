@@ -13,11 +13,12 @@ from gpugov.daemon.config import GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.errors import GpugovError, GpuLost
+from gpugov.daemon.gpu_open import open_backend
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
 from gpugov.daemon.loop import ResetAdvice
 from gpugov.daemon.power_limit import PowerLimitActuator
-from gpugov.daemon.service import Assembled, open_backend
+from gpugov.daemon.service import Assembled
 from gpugov.plant.input_files import finite_number
 
 # The service module's logger, not this one's: these lines were logged there and keep the

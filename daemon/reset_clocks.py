@@ -31,9 +31,9 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     printable,
 )
+from gpugov.daemon.gpu_open import open_backend
 from gpugov.daemon.node_support import backend_choice, gpu_indices, gpu_lister, guarded
 from gpugov.daemon.nvidia_smi import CommandTimedOut, run_command
-from gpugov.daemon.service import open_backend
 from gpugov.plant.input_files import finite_number
 
 log = logging.getLogger("gpugov")

@@ -138,7 +138,7 @@ def gpu_status(
 
     Every GPU call runs on a worker thread, waited for as ``run``'s start waits: listing
     the GPUs and opening one (they initialise NVML) at most
-    :data:`~daemon.service.GPU_OPEN_DEADLINE_S`, the others (the clocks' list, a sample,
+    :data:`~daemon.gpu_open.GPU_OPEN_DEADLINE_S`, the others (the clocks' list, a sample,
     the close) :data:`~daemon.node_support.GPU_CALL_DEADLINE_S`. A call that hangs ends
     the listing (the GPUs after it would queue behind it in the driver); its GPU is not
     closed (NVML is not shut down under the hung call).
@@ -147,7 +147,7 @@ def gpu_status(
         GpuUnavailable: no driver or library, no nvidia-smi, or no emulator answering;
             GpuCallHung: a call past its deadline, naming its GPU.
     """
-    from gpugov.daemon.service import GPU_OPEN_DEADLINE_S
+    from gpugov.daemon.gpu_open import GPU_OPEN_DEADLINE_S
 
     rows = [] if rows is None else rows
     listed = bounded_gpu_call(

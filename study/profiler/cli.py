@@ -227,8 +227,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         GpuUnavailable,
         PermissionDenied,
     )
+    from gpugov.daemon.gpu_open import open_backend
     from gpugov.daemon.loop import stop_on_signals
-    from gpugov.daemon.service import open_backend
     from gpugov.daemon.stop_signals import StopEvent
     from gpugov.study.openai_client import (
         EngineUnreachable,

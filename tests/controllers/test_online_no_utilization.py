@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from gpugov.controllers.budget import SLOTarget
-from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
 from gpugov.controllers.online.window import window_between
+from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
 from gpugov.daemon.controller_config import MaxControllerConfig, OnlineMPCControllerConfig
 from gpugov.plant import ServingPlant, chunked_prefill_scheduler, load_profile, simulate
 from gpugov.plant.types import ServingObservation

@@ -18,6 +18,7 @@ from daemon_support import JOIN_S, MetricsServer, node_commands_on
 from fake_pynvml import FakeNvml
 from hung_support import DEADLINE_S, HungCall
 
+import gpugov.daemon.gpu_open as gpu_open
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.reset_clocks as reset_clocks
@@ -226,7 +227,7 @@ def test_a_gpu_whose_opening_hangs_ends_the_start(
     fake = FakeNvml(2)
     call = HungCall(fake, hung, index=1)
     safety.append(call)
-    monkeypatch.setattr(service, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
+    monkeypatch.setattr(gpu_open, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
     config = parse_config(
         {
             "daemon": {"metrics_address": ""},
@@ -364,7 +365,7 @@ def test_reset_clocks_through_nvidia_smi_keeps_to_its_budget(
 @pytest.fixture
 def read_only_fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Two fake GPUs for check-config and status, their deadlines the tests' own."""
-    monkeypatch.setattr(service, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
+    monkeypatch.setattr(gpu_open, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
     monkeypatch.setattr(status_cli, "GPU_CALL_DEADLINE_S", DEADLINE_S, raising=False)
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     return node_commands_on(monkeypatch, FakeNvml(2))

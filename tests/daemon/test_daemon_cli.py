@@ -1554,14 +1554,14 @@ def test_a_start_through_nvidia_smi_names_how_to_reset_a_gpu_recorded_by_uuid(
     named would not clear the entry. The line says why and names NVML's command."""
     from fake_nvidia_smi import FakeNvidiaSmi
 
-    import gpugov.daemon.service as service
+    import gpugov.daemon.gpu_open as gpu_open
     from gpugov.daemon.config import parse_config
     from gpugov.daemon.lockstate import LockState
     from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
     from gpugov.daemon.reconcile import reset_left_locks
 
     smi = FakeNvidiaSmi(2)
-    monkeypatch.setattr(service, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
+    monkeypatch.setattr(gpu_open, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
     state_dir = tmp_path / "state"
     LockState(state_dir, pid=2**22 + 7).record("GPU-recorded", "1", 900, 900)
     config = parse_config(

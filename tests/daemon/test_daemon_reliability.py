@@ -31,11 +31,12 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.exposition import parse_page
+from gpugov.daemon.gpu_open import open_backend
 from gpugov.daemon.lockstate import LockState
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
-from gpugov.daemon.service import domains_from_config, open_backend
+from gpugov.daemon.service import domains_from_config
 
 LOCK = "nvmlDeviceSetGpuLockedClocks"
 RESET = "nvmlDeviceResetGpuLockedClocks"

@@ -285,7 +285,7 @@ def test_an_emulator_still_starting_is_waited_for_and_one_that_never_answers_is_
     start (exit 4), in words that say it did not answer."""
     import socket
 
-    from gpugov.daemon.service import START_ATTEMPTS, open_backend
+    from gpugov.daemon.gpu_open import START_ATTEMPTS, open_backend
 
     with socket.socket() as probe:  # a free port, nothing listening on it yet
         probe.bind(("127.0.0.1", 0))

@@ -13,12 +13,12 @@ from daemon_support import node_commands_on
 from fake_pynvml import FakeNvml
 from hung_support import DEADLINE_S, HungCall
 
+import gpugov.daemon.gpu_open as gpu_open
 import gpugov.daemon.gpu_sampling as gpu_sampling
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.nvidia_smi as nvidia_smi
 import gpugov.daemon.reset_clocks as reset_clocks
-import gpugov.daemon.service as service
 from gpugov.daemon.errors import (
     RESET_PERMISSION_MESSAGE,
     GpuError,
@@ -139,7 +139,7 @@ def test_status_listing_through_nvidia_smi_gets_the_open_deadline(
     """``gpugov status --backend nvidia-smi`` waits GPU_OPEN_DEADLINE_S for the listing:
     nvidia-smi's own timeout is no longer (it was 30 s)."""
     timeouts: list[float] = []
-    monkeypatch.setattr(service, "GPU_OPEN_DEADLINE_S", 1.5)
+    monkeypatch.setattr(gpu_open, "GPU_OPEN_DEADLINE_S", 1.5)
     monkeypatch.setattr(node_support, "run_command", _listing_runner(timeouts))
 
     def no_reads(argv: Any, timeout_s: float) -> str:  # the GPUs' own reads: none here
@@ -154,7 +154,7 @@ def test_status_listing_through_nvidia_smi_gets_the_open_deadline(
 # ------------------------------------------- check-config: no GPU call after a hung one
 @pytest.fixture
 def read_only_fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
-    monkeypatch.setattr(service, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
+    monkeypatch.setattr(gpu_open, "GPU_OPEN_DEADLINE_S", DEADLINE_S)
     monkeypatch.setattr(gpu_sampling, "GPU_READ_DEADLINE_S", DEADLINE_S)
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     return node_commands_on(monkeypatch, FakeNvml(2))

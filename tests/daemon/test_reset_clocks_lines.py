@@ -15,10 +15,10 @@ from fake_nvidia_smi import FakeNvidiaSmi
 from fake_pynvml import FakeNvml
 from hung_support import HungCall
 
+import gpugov.daemon.gpu_open as gpu_open
 import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.node_support as node_support
 import gpugov.daemon.reset_clocks as reset_clocks
-import gpugov.daemon.service as service
 from gpugov.daemon.errors import RESET_PERMISSION_MESSAGE
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 
@@ -55,7 +55,7 @@ def _smi_node(monkeypatch: pytest.MonkeyPatch, gpus: int) -> FakeNvidiaSmi:
     """A node whose nvidia-smi (listing and per-GPU backends) is a fake of ``gpus`` GPUs."""
     smi = FakeNvidiaSmi(gpus)
     monkeypatch.setattr(node_support, "run_command", smi)
-    monkeypatch.setattr(service, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
+    monkeypatch.setattr(gpu_open, "NvidiaSmiBackend", lambda gpu: NvidiaSmiBackend(gpu, runner=smi))
     return smi
 
 

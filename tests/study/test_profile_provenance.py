@@ -11,7 +11,7 @@ import pytest
 from synthetic import make_profile
 
 from gpugov.cli import main
-from gpugov.daemon import service
+from gpugov.daemon import gpu_open
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.study.emulate.node import EmulatedNode
@@ -44,7 +44,7 @@ def test_an_nvml_run_against_the_emulator_writes_an_emulated_profile(
         assert backend == "nvml"
         return NoLimit(int(gpu), emulator=emulator.url)
 
-    monkeypatch.setattr(service, "open_backend", open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", open_backend)
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "nvml"]
     argv += ["--out", str(tmp_path), "--quiet", "--clock-list", "1980,1290", "--dwell", "0.3"]
     argv += ["--reference-batch", "16", "--reference-context", "256", "--name", "p"]
@@ -68,7 +68,7 @@ def test_an_engine_faster_than_real_time_is_refused_whatever_the_backend(
     )
     server.start()
     opened: list[Any] = []
-    monkeypatch.setattr(service, "open_backend", lambda *a, **k: opened.append(a))
+    monkeypatch.setattr(gpu_open, "open_backend", lambda *a, **k: opened.append(a))
     try:
         out = tmp_path / "new"
         argv = ["profile", "--engine-url", server.url + "/v1", "--gpus", "0", "--out", str(out)]
@@ -117,7 +117,7 @@ def test_an_emulated_engine_is_profiled_on_its_one_replicas_gpus(
     def open_backend(*args: Any, **kwargs: Any) -> None:
         raise Opened  # the checks passed: the GPUs are opened next
 
-    monkeypatch.setattr(service, "open_backend", open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", open_backend)
     try:
         argv = ["profile", "--engine-url", server.url, "--gpus", gpus, "--backend", "emulated"]
         argv += ["--out", str(tmp_path / "out"), "--quiet"]

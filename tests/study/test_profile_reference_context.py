@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpugov.cli import main
-from gpugov.daemon import service
+from gpugov.daemon import gpu_open
 from gpugov.study.emulate.server import EmulatorServer
 from gpugov.study.openai_client import served_max_model_len
 
@@ -32,7 +32,7 @@ def test_a_reference_context_beyond_the_model_length_is_refused(
     monkeypatch: pytest.MonkeyPatch,
     over: int,
 ) -> None:
-    monkeypatch.setattr(service, "open_backend", _open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", _open_backend)
     longest = served_max_model_len(emulator.url, "gpugov-emulated")
     assert longest is not None
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
@@ -50,7 +50,7 @@ def test_a_reference_context_beyond_the_model_length_is_refused(
 def test_a_reference_context_at_the_model_length_passes(
     emulator: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service, "open_backend", _open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", _open_backend)
     longest = served_max_model_len(emulator.url, "gpugov-emulated")
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
     argv += ["--out", str(tmp_path / "out"), "--reference-batch", "1", "--quiet"]

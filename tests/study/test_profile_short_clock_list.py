@@ -11,7 +11,7 @@ import pytest
 from synthetic import make_profile
 
 from gpugov.cli import main
-from gpugov.daemon import service
+from gpugov.daemon import gpu_open
 from gpugov.daemon.emulated import EmulatedBackend
 from gpugov.plant import ServingPlant
 from gpugov.study.emulate.node import EmulatedNode
@@ -43,7 +43,7 @@ def test_a_gpu_with_too_few_clocks_is_refused_before_any_work(
     def open_backend(gpu: Any, backend: str, **_: Any) -> EmulatedBackend:
         return FewClocks(int(gpu), emulator=emulator.url)
 
-    monkeypatch.setattr(service, "open_backend", open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", open_backend)
     out = tmp_path / "out"
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
     assert main([*argv, "--out", str(out), "--quiet", *flags]) == 2
@@ -65,7 +65,7 @@ def test_a_dry_run_on_a_gpu_of_one_clock_runs(
     def open_backend(gpu: Any, backend: str, **_: Any) -> EmulatedBackend:
         return OneClock(int(gpu), emulator=emulator.url)
 
-    monkeypatch.setattr(service, "open_backend", open_backend)
+    monkeypatch.setattr(gpu_open, "open_backend", open_backend)
     argv = ["profile", "--engine-url", emulator.url, "--gpus", "0", "--backend", "emulated"]
     argv += ["--out", str(tmp_path), "--quiet", "--dry-run", "--dwell", "0.3"]
     assert main([*argv, "--reference-batch", "16", "--reference-context", "256"]) == 0
