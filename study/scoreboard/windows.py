@@ -47,7 +47,15 @@ def window_starts(
         )
     first = TRACE_STARTS_S.get(trace, 0.0)
     spacing = span / count
-    return tuple(float(round((first + k * spacing) % span)) for k in range(count))
+    starts = tuple(float(round((first + k * spacing) % span)) for k in range(count))
+    if len(set(starts)) < count:
+        # Starts are whole seconds: windows under a second apart shared one start, and
+        # so one scenario key, run and counted as two windows.
+        raise ValueError(
+            f"--windows {count}: trace {trace} spans {span:.0f} s, so {count} windows would "
+            "start less than a second apart (lower --windows)"
+        )
+    return starts
 
 
 def window_overlaps(scenarios: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -142,6 +142,10 @@ def test_window_starts_spread_over_the_trace_and_wrap() -> None:
         window_starts("made-up", _trace(1000.0), 300.0, 4)
     with pytest.raises(ValueError, match="used whole"):
         window_starts(next(iter(WHOLE_TRACE)), _trace(1000.0), 10.0, 2)
+    # Whole-second starts under a second apart were one start, one scenario key, twice.
+    assert len(set(window_starts("made-up", _trace(100.0), 0.5, 100))) == 100
+    with pytest.raises(ValueError, match="150 windows would start less than a second apart"):
+        window_starts("made-up", _trace(100.0), 0.5, 150)
 
 
 def _row(
