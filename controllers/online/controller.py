@@ -214,9 +214,6 @@ class OnlineMPCController(MeasuredLatencyRules):
         self._prefill_pressures: deque[tuple[float, float, float]] = deque()
         """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
         :data:`PARK_MEMORY_S` (idle parking)."""
-        self._short_slo_pressures: deque[tuple[float, float, float]] = deque()
-        """Those of :attr:`_prefill_pressures` whose SLO is shorter than
-        :data:`ARRIVAL_FLOOR_PERIODS` periods, the only ones the arrival floor reads."""
         self._decode_pressures: deque[tuple[float, float, float, float]] = deque()
         """(time, TPOT pressure, clock it was measured at, running requests) measured over
         the last :data:`PARK_MEMORY_S` (idle parking)."""

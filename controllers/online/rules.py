@@ -67,7 +67,6 @@ class MeasuredLatencyRules:
     mean_prompt_tokens: float
     mean_output_tokens: float
     _prefill_pressures: deque[tuple[float, float, float]]
-    _short_slo_pressures: deque[tuple[float, float, float]]
     _decode_pressures: deque[tuple[float, float, float, float]]
     _last_requested_mhz: float | None
     _decode_park_cache: tuple[tuple[object, ...], float] | None
@@ -152,9 +151,7 @@ class MeasuredLatencyRules:
         self._last_requested_mhz = current
         horizon = observation.time_s - PARK_MEMORY_S
         while len(self._prefill_pressures) > 1 and self._prefill_pressures[0][0] < horizon:
-            expired = self._prefill_pressures.popleft()
-            if self._short_slo_pressures and self._short_slo_pressures[0] is expired:
-                self._short_slo_pressures.popleft()
+            self._prefill_pressures.popleft()
         while len(self._decode_pressures) > 1 and self._decode_pressures[0][0] < horizon:
             self._decode_pressures.popleft()
         if slos is None or observation.has_work:
@@ -188,12 +185,8 @@ class MeasuredLatencyRules:
 
     def remember_ttft_pressure(self, time_s: float, ratio: float, share: float) -> None:
         """Keep a measured TTFT pressure (``ratio`` of its SLO, one period being ``share``
-        of that SLO) for :data:`PARK_MEMORY_S`; one whose SLO is shorter than
-        :data:`ARRIVAL_FLOOR_PERIODS` periods also for the arrival floor."""
-        pressure = (time_s, ratio, share)
-        self._prefill_pressures.append(pressure)
-        if share * ARRIVAL_FLOOR_PERIODS > 1.0:
-            self._short_slo_pressures.append(pressure)
+        of that SLO) for :data:`PARK_MEMORY_S`."""
+        self._prefill_pressures.append((time_s, ratio, share))
 
     def _arrival_park_share(self, threshold: float) -> float:
         """The share of the top clock a prompt arriving in the coming period needs, run
@@ -295,7 +288,14 @@ class MeasuredLatencyRules:
         clocks = model.clocks_mhz
         if observation.role == "decode":
             return float(clocks[0])
-        needed = max((ratio for _, ratio, _ in self._short_slo_pressures), default=-math.inf)
+        needed = max(
+            (
+                ratio
+                for _, ratio, share in self._prefill_pressures
+                if share * ARRIVAL_FLOOR_PERIODS > 1.0
+            ),
+            default=-math.inf,
+        )
         if needed <= float(clocks[0]) / float(clocks[-1]):
             return float(clocks[0])
         return _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
