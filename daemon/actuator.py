@@ -558,7 +558,7 @@ class ClockActuator:
         label = backend.label
         top = max(backend.supported_clocks_mhz())
         held = self.locked_mhz[label]
-        if held is not None and held != _UNKNOWN and held >= top:
+        if not self._held_low(label, top):
             return
         low, high = self._range(backend, top)
         writer = self._writers[label]
@@ -584,6 +584,13 @@ class ClockActuator:
             f"the lock could not be reset; locked at the top clock ({top} MHz) instead "
             "until a reset goes through",
         )
+
+    def _held_low(self, label: str, top: int) -> bool:
+        """Whether GPU ``label`` may be held below its ``top`` clock by a lock of gpugov's:
+        a lock below it, or one at unknown clocks; not a GPU gpugov unlocked (its last
+        write a reset that went through), which a failed reset must not lock anew."""
+        held = self.locked_mhz[label]
+        return held == _UNKNOWN or (held is not None and held < top)
 
     def restore(self, budget: ExitBudget | None = None) -> list[str]:
         """Reset every GPU ever written to, retrying failures with backoff; never raises.
@@ -633,10 +640,9 @@ class ClockActuator:
         writer = self._writers[label]
         if label in self.lost or writer.hanging or (budget is not None and budget.spent):
             return
-        held = self.locked_mhz[label]
         try:
             top = max(backend.supported_clocks_mhz())
-            if held is not None and held != _UNKNOWN and held >= top:
+            if not self._held_low(label, top):
                 return
             clock_range = self._range(backend, top)
             writer.write(

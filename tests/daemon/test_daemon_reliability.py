@@ -308,6 +308,20 @@ def test_a_gpu_whose_reset_keeps_failing_at_exit_is_not_left_locked_low(
     ]
 
 
+def test_a_gpu_gpugov_unlocked_is_not_locked_at_exit_when_its_reset_fails() -> None:
+    """A GPU the fail-safe unlocked (its reset went through) runs at its default clocks:
+    the exit's reset failing on it must not lock it at the top clock, which left a GPU
+    gpugov had let go locked after gpugov exited."""
+    fake = FakeNvml(1)
+    actuator = ClockActuator([NvmlBackend(0, nvml=fake)], sleep=lambda s: None)
+    actuator.apply(1200)
+    actuator.unlock()
+    assert fake.locked(0) is None and actuator.locked_mhz["0"] is None
+    fake.fail(RESET, fp.NVML_ERROR_UNKNOWN, times=None)
+    actuator.restore()
+    assert fake.locked(0) is None
+
+
 def test_a_gpu_lost_at_exit_is_not_locked_at_the_top_clock() -> None:
     fake = FakeNvml(2)
     backends = [NvmlBackend(i, nvml=fake) for i in range(2)]
