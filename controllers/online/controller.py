@@ -201,6 +201,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.auto_prior: ModelPrior | None = None
         """The prior :attr:`auto_hints` gave for the served model (None: none yet)."""
         self._hinted_name: str | None = None
+        self.utilization_seen = False
+        """NVML reported a utilisation once: a window without one is a read that failed
+        (not used), not a GPU that reports none (MIG: busy time from the engine)."""
         self._clocks_agreed: tuple[OnlineModel, tuple[float, ...]] | None = None
         """The model and the supported clocks last found to agree (a list that changes
         is rare; comparing the tuple again is cheaper than sorting it every period)."""
@@ -497,7 +500,14 @@ class OnlineMPCController(MeasuredLatencyRules):
             return
         start = self.timer()
         self.prompt_estimate.update(previous, observation)
-        window = window_between(previous, observation, self.prompt_estimate.value)
+        if observation.gpu_utilization is not None:
+            self.utilization_seen = True
+        window = window_between(
+            previous,
+            observation,
+            self.prompt_estimate.value,
+            busy_from_engine=not self.utilization_seen,
+        )
         if window is not None:
             self.model.update(window)
         self.update_times_s.append(self.timer() - start)

@@ -33,14 +33,17 @@ def window_between(
     previous: ServingObservation,
     current: ServingObservation,
     prompt_per_request: float | None = None,
+    *,
+    busy_from_engine: bool = False,
 ) -> Window | None:
     """The :class:`Window` between two observations, or None when it cannot be used
-    (no time passed, counters went backwards (engine restart), the GPU reported no clock,
-    or, where it reports no utilisation, work was done between two ends with none in
-    hand). Without NVML's utilisation the busy time is the window times the share of its
-    two ends with requests in hand (an engine with work runs back to back). A NaN or
-    infinite reading is carried into the window as it is; :meth:`OnlineModel.update`
-    skips what it would spoil and counts it.
+    (no time passed, counters went backwards (engine restart), the GPU reported no clock
+    or no utilisation). With ``busy_from_engine`` (a GPU whose NVML never reports its
+    utilisation: MIG mode, some virtual GPUs) a window without it is still used: its busy
+    time is the window times the share of its two ends with requests in hand (an engine
+    with work runs back to back), unless work came and went between two ends with none in
+    hand. A NaN or infinite reading is carried into the window as it is;
+    :meth:`OnlineModel.update` skips what it would spoil and counts it.
 
     The decode iterations are the decode tokens over the mean running batch of the two
     ends; where one end ran nothing and the other ``b``, over ``(b + 1) / 2`` (the mean
@@ -66,6 +69,8 @@ def window_between(
         return None
     if current.gpu_utilization is not None:
         utilization = float(current.gpu_utilization)
+    elif not busy_from_engine:
+        return None  # a read that failed this time: the window is not used
     else:
         # No NVML utilisation (MIG mode, some virtual GPUs): an engine with requests in
         # hand runs its iterations back to back, so the ends' work in hand stands in.

@@ -51,22 +51,25 @@ def test_a_window_without_utilisation_is_busy_while_the_engine_has_work() -> Non
     idle = _observation(1.0)
     busy = _observation(1.25, decode_active=4, output_tokens_total=40.0)
     still = _observation(1.5, decode_active=4, output_tokens_total=80.0)
-    both = window_between(busy, still)
+    both = window_between(busy, still, busy_from_engine=True)
     assert both is not None and both.busy_s == pytest.approx(0.25)
     # Work at one end only: it began (or ended) within the window, half of it on average.
-    one = window_between(idle, busy)
+    one = window_between(idle, busy, busy_from_engine=True)
     assert one is not None and one.busy_s == pytest.approx(0.125)
     # Nothing in hand at either end and nothing done: an idle window.
-    quiet = window_between(idle, _observation(1.25))
+    quiet = window_between(idle, _observation(1.25), busy_from_engine=True)
     assert quiet is not None and quiet.busy_s == 0.0
     # Work done between two idle ends (a short request came and went): its busy time is
     # unknown, so the window is not used.
     flash = _observation(1.25, output_tokens_total=5.0, prompt_tokens_total=100.0)
-    assert window_between(idle, flash) is None
+    assert window_between(idle, flash, busy_from_engine=True) is None
     # NVML's reading, where there is one, is the busy time.
     measured = replace(still, gpu_utilization=0.6)
-    window = window_between(busy, measured)
+    window = window_between(busy, measured, busy_from_engine=True)
     assert window is not None and window.busy_s == pytest.approx(0.15)
+    # On a GPU that reports its utilisation, a window without one is a read that failed:
+    # not used, rather than priced from the work in hand.
+    assert window_between(busy, still) is None
 
 
 def test_mpc_online_saves_on_a_gpu_that_reports_no_utilisation() -> None:
