@@ -232,11 +232,12 @@ class ServingObservation:
 
     @property
     def has_work(self) -> bool:
-        """Whether the engine has requests in hand: running, waiting or being prefilled."""
+        """Whether the engine has requests in hand: running, waiting or being prefilled (a
+        backlog not known, NaN in a recording's null, counts as work)."""
         return (
             self.decode_active > 0
             or self.waiting_requests > 0
-            or self.prefill_remaining_tokens > 0.0
+            or not self.prefill_remaining_tokens <= 0.0
         )
 
     @property
