@@ -102,11 +102,22 @@ def set_aside(path: Path, now: Callable[[], float] = time.time, tag: str = "corr
         count += 1
         target = path.with_name(f"{path.name}.{tag}-{stamp}-{count}")
     os.replace(path, target)
-    others = [kept for kept in path.parent.glob(f"{path.name}.{tag}-*") if kept != target]
+    others = [kept for kept in kept_aside(path, tag) if kept != target]
     for oldest in _newest_first(others)[KEPT_LOOKED_AT - 1 :]:
         with contextlib.suppress(OSError):  # one that cannot go is tried again next time
             oldest.unlink()
     return target
+
+
+def kept_aside(path: Path, tag: str) -> list[Path]:
+    """The files :func:`set_aside` kept of ``path`` under ``tag``: exactly
+    ``<name>.<tag>-<UTC time>[-count]``, not another domain's whose name begins like it
+    (a domain ``a.json.other-x`` beside ``a``: a pattern would take its files for
+    ``a``'s, and the pruning deleted them)."""
+    pattern = re.compile(re.escape(f"{path.name}.{tag}-") + r"\d{8}T\d{6}Z(?:-\d+)?")
+    return [
+        kept for kept in path.parent.glob(f"{path.name}.{tag}-*") if pattern.fullmatch(kept.name)
+    ]
 
 
 READ_ONLY_LEFT = "left as it is (a dry run writes nothing)"
@@ -475,7 +486,7 @@ class PersistentOnlineModel(ControllerWrapper):
         if key.model_name is None or self.read_only:
             return False
         clocks = observation.supported_clocks_mhz
-        kept = _newest_first(self.path.parent.glob(f"{self.path.name}.other-*"))
+        kept = _newest_first(kept_aside(self.path, "other"))
         # Another domain's state file holding exactly this key: the same domain renamed in
         # the config (no two domains share a GPU, so it is no live domain's model). Looked
         # for only while this domain has no file of its own (a rename's first start): each

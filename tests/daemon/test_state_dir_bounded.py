@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.model_store import KEPT_LOOKED_AT, set_aside
+from gpugov.daemon.model_store import KEPT_LOOKED_AT, kept_aside, set_aside
 
 
 @pytest.mark.parametrize("tag", ["other", "corrupt"])
@@ -46,3 +46,21 @@ def test_the_file_just_set_aside_is_kept_even_when_older_than_the_rest(tmp_path:
     assert target.read_text() == "an old model"
     left = {p.read_text() for p in tmp_path.glob("online-model-llm.json.other-*")}
     assert len(left) == KEPT_LOOKED_AT and "model 0" not in left and "model 1" in left
+
+
+def test_another_domains_files_that_begin_like_a_kept_name_are_never_pruned(
+    tmp_path: Path,
+) -> None:
+    """A domain named ``llm.json.other-x`` keeps its model in
+    ``online-model-llm.json.other-x.json``, which ``llm``'s kept-aside pattern also
+    matched: once ``llm`` had kept KEPT_LOOKED_AT models aside, the pruning deleted the
+    other domain's live model. Only ``<name>.<tag>-<UTC time>[-count]`` is pruned."""
+    neighbour = tmp_path / "online-model-llm.json.other-x.json"
+    neighbour.write_text("another domain's live model")
+    os.utime(neighbour, (1.0e9, 1.0e9))  # the oldest of all
+    path = tmp_path / "online-model-llm.json"
+    for index in range(KEPT_LOOKED_AT + 2):
+        path.write_text(f"model {index}")
+        set_aside(path, now=lambda index=index: 1.8e9 + 60 * index, tag="other")
+    assert neighbour.read_text() == "another domain's live model"
+    assert len(kept_aside(path, "other")) == KEPT_LOOKED_AT
