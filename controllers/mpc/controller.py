@@ -283,12 +283,12 @@ class MPCController:
         self.feedback_yields_when_ahead = bool(feedback_yields_when_ahead)
         self.dwell_s = float(dwell_s)
         self.held_clock_mhz: float | None = None
+        """The clock the node has locked (the observation's), whose hold plans are priced
+        against (:attr:`dwell_s`)."""
         self.last_temperature_c: float | None = None
         """The last finite die temperature observed: a tick whose sensor gave none (NaN)
         is planned from it, else from the plant's ambient (a NaN turned the thermal
         limit's check off)."""
-        """The clock the node has locked (the observation's), whose hold plans are priced
-        against (:attr:`dwell_s`)."""
         self.held_since_s = -math.inf
         """When the held clock was applied: the decision before the first observation
         that reported it."""

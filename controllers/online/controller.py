@@ -447,6 +447,9 @@ class OnlineMPCController(MeasuredLatencyRules):
         else:
             self.mpc.plant = plant
         self.mpc.history_limit = self.history_limit
+        # A tick with no temperature is planned from the last one this controller read
+        # (its warm-up's too, which the MPC did not see).
+        self.mpc.last_temperature_c = self.last_temperature_c
         # The wait for a batch place counts what the KV cache holds only where the engine
         # published its cache: the plant's default is no node's (MPCController).
         self.mpc.kv_batch_bound = kv_known
@@ -595,7 +598,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         else:
             plant = self.learned_plant(observation, slos)
             mpc = self._mpc(plant, kv_known=published_kv_capacity(observation) is not None)
-            decision = float(mpc(self._with_finite_temperature(observation, plant)))
+            decision = float(mpc(observation))
             self._mpc_decided = True
             floor = self.exploration.floor(model, observation, self.effective_z)
             guard = self.burst_floor(observation, slos) if self.burst_guard else None
@@ -730,19 +733,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         model.table(realized, 1.0, self.context_tokens)
         plant = self.learned_plant(observation, slos)
         mpc = self._mpc(plant, kv_known=published_kv_capacity(observation) is not None)
-        mpc(self._with_finite_temperature(observation, plant))
-
-    def _with_finite_temperature(
-        self, observation: ServingObservation, plant: ServingPlant
-    ) -> ServingObservation:
-        """``observation`` with a finite temperature for the MPC's thermal prediction:
-        its own, else the last finite one, else the plant's ambient."""
-        if math.isfinite(observation.temperature_c):
-            return observation
-        fallback = self.last_temperature_c
-        if fallback is None:
-            fallback = float(plant.ambient_temperature_c)
-        return replace(observation, temperature_c=fallback)
+        mpc(observation)
 
     def power_needed(self) -> PowerNeed | None:
         """The power the domain needs to hold its SLO at the current load, by the learned
