@@ -19,22 +19,28 @@ from gpugov.plant.types import ttft_slo_at
 
 
 def pyplot(needed_for: str = "plotting") -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, or one :class:`UsageError` line naming
-    the ``gpugov[plots]`` extra (``require_extra``)."""
+    """``matplotlib.pyplot`` on the Agg backend (:func:`agg_pyplot`), or one
+    :class:`UsageError` line naming the ``gpugov[plots]`` extra (``require_extra``)."""
     require_extra("matplotlib", needed_for)
+    return agg_pyplot()
+
+
+def agg_pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, every text drawn as written: matplotlib
+    reads a pair of ``$`` as math, and a controller, trace or file name holding two
+    (``plan_$x\\fr$.json``) raised a parse error when the figure was laid out or drawn,
+    after the run's work.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def plain_label(text: str) -> str:
-    """``text`` drawn as written in a legend or title: matplotlib reads a pair of ``$`` as
-    math (``plan_$x\\fr$.json`` raised a parse error when the figure was drawn, after the
-    run's work), so each ``$`` is escaped."""
-    return text.replace("$", r"\$")
 
 
 def figure_bytes(fig: Any, image_format: str | None = "png", *, dpi: int = 110) -> bytes:

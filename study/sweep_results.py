@@ -317,14 +317,12 @@ def write_plot(table: Sequence[Mapping[str, Any]], path: Path) -> bool:
 def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
     """PNG bytes: J per output token against SLO attainment, one point per group, one
     colour per controller; None without matplotlib."""
+    from gpugov.study.plots import agg_pyplot, figure_bytes
+
     try:
-        import matplotlib
+        plt = agg_pyplot()
     except ImportError:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from gpugov.study.plots import figure_bytes, plain_label
 
     fig, ax = plt.subplots(figsize=(9, 6))
     controllers = list(dict.fromkeys(row["controller"] for row in table))
@@ -339,7 +337,7 @@ def sweep_plot(table: Sequence[Mapping[str, Any]]) -> bytes | None:
         ax.scatter(
             [100.0 * r["slo_attainment"] for r in mine],
             [r["energy_per_output_token_j"] for r in mine],
-            label=plain_label(controller),
+            label=controller,
             color=f"C{index % 10}",
             alpha=0.8,
             s=36,

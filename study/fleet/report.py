@@ -243,14 +243,12 @@ def plot_png(payload: dict[str, Any]) -> bytes | None:
     """``fleet.png``'s bytes: SLO attainment and energy against the budget per allocator,
     and each allocator's fleet power against the budget through the step. None without
     matplotlib."""
+    from gpugov.study.plots import agg_pyplot, figure_bytes
+
     try:
-        import matplotlib
+        plt = agg_pyplot()
     except ImportError:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from gpugov.study.plots import figure_bytes
 
     rows = _budget_rows(payload)
     steps = _step_rows(payload)

@@ -468,14 +468,12 @@ def pareto_plot(report: Mapping[str, Any]) -> bytes | None:
     """``pareto.png``'s bytes: every point on the left, the points at 90 % attainment or
     more on the right, each scenario's Pareto front ringed; None when matplotlib is not
     installed."""
+    from gpugov.study.plots import agg_pyplot, figure_bytes
+
     try:
-        import matplotlib
+        plt = agg_pyplot()
     except ImportError:
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from gpugov.study.plots import figure_bytes
 
     order = [s["controller"] for s in report["summary"]]
     labels = {s["controller"]: s["label"] for s in report["summary"]}

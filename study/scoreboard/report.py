@@ -393,12 +393,9 @@ MARKERS = "os^vDP*X<>hpdH8+x"
 def plot_png(payload: dict[str, Any]) -> bytes:
     """``scoreboard.png``'s bytes: energy saved vs SLO attainment (relative to the maximum
     clock), one point per controller and scenario."""
-    import matplotlib
+    from gpugov.study.plots import agg_pyplot, figure_bytes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from gpugov.study.plots import figure_bytes
+    plt = agg_pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 6))
     for index, key in enumerate(row_order(r["controller"] for r in payload["rows"])):

@@ -185,6 +185,29 @@ def test_a_sweep_with_no_finished_cell_draws_its_plot_without_a_warning() -> Non
     # sweep_results.py and its source line.
     pytest.importorskip("matplotlib")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         data = sweep_plot([])
     assert data is not None and data.startswith(b"\x89PNG")
+
+
+def test_every_figure_draws_its_text_as_written() -> None:
+    """A pair of ``$`` in any title, label or legend entry (a controller, trace or file
+    name) is drawn as written: matplotlib read it as math and raised a parse error when
+    the figure was drawn, after the run's work (simulate's title, plot's, the scoreboard's
+    and the fleet's legends)."""
+    pytest.importorskip("matplotlib")
+    from gpugov.study.plots import figure_bytes, pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    name = "open-loop:plan$x\\fr$.json"
+    ax.plot([0, 1], [0, 1], label=name)
+    ax.set_title(name)
+    ax.set_xlabel(name)
+    ax.legend()
+    fig.suptitle(f"simulate: {name}")
+    try:
+        assert figure_bytes(fig).startswith(b"\x89PNG")
+    finally:
+        plt.close(fig)
+
