@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_support import node_commands_on
 from fake_pynvml import FakeNvml
 from fake_zeusd import FakeZeusd
 
@@ -746,12 +747,9 @@ def test_a_gpu_the_actuator_does_not_serve_is_refused_by_check_config_and_run(
     import os
 
     import gpugov.daemon.node_cli as node_cli
-    import gpugov.daemon.nvml as nvml_module
     from gpugov.cli import main
 
-    nvml = FakeNvml(2)
-    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: nvml)
-    monkeypatch.setattr(node_cli, "load_pynvml", lambda: nvml)
+    nvml = node_commands_on(monkeypatch, FakeNvml(2))
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
 
@@ -762,8 +760,10 @@ def test_a_gpu_the_actuator_does_not_serve_is_refused_by_check_config_and_run(
     served = Served(FakeNvml(1), socket_path, str(os.getuid()))  # it serves GPU 0 alone
     config = tmp_path / "split.toml"
     config.write_text(
-        f'[daemon]\nperiod_s = 0.5\nmetrics_address = ""\nbackend = "actuator"\n'
-        f'actuator = {{ socket = "{socket_path}" }}\n'
+        # A generous actuator timeout: the refusal needs its answer now, and a loaded
+        # machine's in-process actuator may take longer than a short period's default.
+        f'[daemon]\nperiod_s = 5.0\nmetrics_address = ""\nbackend = "actuator"\n'
+        f'actuator = {{ socket = "{socket_path}", lease_s = 15.0, timeout_s = 4.0 }}\n'
         '[[domains]]\nname = "a"\ngpus = [0]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n'
         '[domains.engine]\nurl = "http://127.0.0.1:9/metrics"\n'
         '[[domains]]\nname = "b"\ngpus = [1]\nttft_slo_s = 1.0\ntpot_slo_s = 0.05\n'
