@@ -98,17 +98,16 @@ PUBLISHED_SIZES: tuple[tuple[re.Pattern[str], ModelSize], ...] = (
     # Coder-480B-A35B 480B with 35B; Qwen3 has no dense 30B, 235B or 480B, so a tag that
     # names the total alone (qwen3:30b, qwen3-coder:480b) is the mixture. A name that
     # states the active size too is read as it states it.
-    (
-        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?30b(?![-_:. ]?a\d)", re.I),
-        ModelSize(30.5, 3.3),
-    ),
-    (
-        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?235b(?![-_:. ]?a\d)", re.I),
-        ModelSize(235.0, 22.0),
-    ),
-    (
-        re.compile(r"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?480b(?![-_:. ]?a\d)", re.I),
-        ModelSize(480.0, 35.0),
+    *(
+        (
+            re.compile(rf"qwen3(?:[-_ ]?coder)?[-_: ](?:\S*?[-_:])?{total}b(?![-_:. ]?a\d)", re.I),
+            size,
+        )
+        for total, size in (
+            ("30", ModelSize(30.5, 3.3)),
+            ("235", ModelSize(235.0, 22.0)),
+            ("480", ModelSize(480.0, 35.0)),
+        )
     ),
     # Kimi K2 model card: 1 trillion in all, 32B activated.
     (re.compile(r"kimi-k2", re.I), ModelSize(1000.0, 32.0)),
