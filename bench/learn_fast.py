@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.daemon.cli_outputs import check_output_file
 from gpugov.daemon.cli_support import load_trace_for_cli, simulated_controller
 from gpugov.daemon.progress import Progress
 from gpugov.plant import (
@@ -187,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         periods = _periods(args.periods)
         if not (math.isfinite(args.duration) and args.duration > 0.0):
             raise ValueError(f"--duration must be positive seconds, got {args.duration!r}")
-        if out.is_dir():
-            raise ValueError(f"--out {out} is a directory; name a JSON file")
+        if out == OUT:  # the default's folder is git-ignored: made when missing
+            OUT.parent.mkdir(parents=True, exist_ok=True)
+        check_output_file("--out", out)
         profiles = [load_profile(name) for name in args.profiles.split(",") if name]
         workload, _ = load_trace_for_cli(args.trace, duration_s=args.duration)
     except (ValueError, ProfileError, TraceError) as error:

@@ -53,6 +53,7 @@ import numpy as np
 
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
+from gpugov.daemon.cli_outputs import check_output_file
 from gpugov.daemon.cli_support import add_engine_view_argument
 from gpugov.daemon.controller_config import (
     ControllerConfig,
@@ -361,11 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 0.0 < args.load < 1.0:
             raise ValueError(f"--load must lie in (0, 1), got {args.load!r}")
         if not FIRST_S < args.duration < math.inf:
-            raise ValueError(f"--duration must exceed {FIRST_S:g} s, got {args.duration!r}")
+            raise ValueError(
+                f"--duration must be a finite number of seconds above {FIRST_S:g}, "
+                f"got {args.duration!r}"
+            )
         if not 0.0 <= args.start < math.inf:
             raise ValueError(f"--start must be seconds >= 0, got {args.start!r}")
-        if Path(args.out).is_dir():
-            raise ValueError(f"--out {args.out} is a directory; name a JSON file")
+        if Path(args.out) == OUT:  # the default's folder is git-ignored: made when missing
+            OUT.parent.mkdir(parents=True, exist_ok=True)
+        check_output_file("--out", args.out)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         with warnings.catch_warnings():

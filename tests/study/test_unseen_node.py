@@ -14,8 +14,8 @@ from study_support import run_bench_main
     ("argv", "message"),
     [
         (["--load", "1.5"], "--load must lie in (0, 1)"),
-        (["--duration", "200"], "--duration must exceed 300 s"),
-        (["--duration", "inf"], "--duration must exceed 300 s"),
+        (["--duration", "200"], "--duration must be a finite number of seconds above 300"),
+        (["--duration", "inf"], "--duration must be a finite number of seconds above 300"),
         (["--start", "nan"], "--start must be seconds >= 0"),
         (["--start", "-100"], "--start must be seconds >= 0"),
         (["--profiles", "synthetic:nope"], "unknown synthetic profile shape"),
@@ -141,3 +141,14 @@ def test_a_profile_whose_capacity_probe_would_not_end_is_a_skipped_row(
     assert module.table([row])[1].endswith(
         "skipped: its light-load capacity probe would simulate 40 days"
     )
+
+
+def test_an_output_in_a_folder_that_does_not_exist_is_refused_before_any_run(
+    tmp_path: Path,
+) -> None:
+    """The one check of every --out (``check_output_file``): the folder must exist."""
+    out = tmp_path / "no-such-folder" / "unseen.json"
+    code, stdout, stderr = run_bench_main("unseen_node", ["--out", str(out)])
+    assert code == 2
+    assert "--out" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not stdout and not out.parent.exists()
