@@ -210,4 +210,3 @@ def test_every_figure_draws_its_text_as_written() -> None:
         assert figure_bytes(fig).startswith(b"\x89PNG")
     finally:
         plt.close(fig)
-
