@@ -36,6 +36,17 @@ SET = "nvmlDeviceSetPowerManagementLimit"
 LOCK = "nvmlDeviceSetGpuLockedClocks"
 
 
+PATIENT_S = 60.0
+"""The lock record's write deadline here: the tests read the file right after a write, and
+on a loaded machine a write past the default 0.5 s is left running (the file not there
+yet)."""
+
+
+def _state(directory: Path, **options: Any) -> LockState:
+    """The lock record in ``directory``, each write waited for up to :data:`PATIENT_S`."""
+    return LockState(directory, write_deadline_s=PATIENT_S, **options)
+
+
 def _backends(fake: FakeNvml) -> list[NvmlBackend]:
     return [NvmlBackend(i, nvml=fake) for i in range(len(fake.gpus))]
 
@@ -197,14 +208,14 @@ def test_a_limit_set_while_the_cap_left_the_gpu_alone_is_the_one_restored(
     """A cap at or above a GPU's own limit leaves it alone (nothing of gpugov's on it);
     a limit an operator sets on it meanwhile is what a later cap keeps under and what is
     restored, not the limit read before (restored, it undid the operator's change)."""
-    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path))
     actuator.apply(1_400.0)  # each GPU's own 700 W: nothing written
     assert _cap_writes(fake_nvml) == []
     fake_nvml.gpus[0].power_limit_mw = 450_000  # nvidia-smi -pl 450 meanwhile
     fake_nvml.gpus[1].power_limit_mw = 500_000
     actuator.apply(600.0)
     assert _limits_mw(fake_nvml) == [300_000, 300_000]
-    record = LockState(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
+    record = _state(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
     assert record is not None and record["original_mw"] == 450_000  # what a crash restores
     assert actuator.restore() == []
     assert _limits_mw(fake_nvml) == [450_000, 500_000]
@@ -239,7 +250,7 @@ def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
     gpugov holds its cap there: the next cap is kept under that limit (it is the new
     ceiling, restored at exit and after a crash), said once; a cap at or above it leaves
     the outside limit alone."""
-    state = LockState(tmp_path)
+    state = _state(tmp_path)
     actuator = PowerLimitActuator(_backends(fake_nvml), domain="d", state=state)
     actuator.apply(800.0)
     assert _limits_mw(fake_nvml) == [400_000, 400_000]
@@ -252,9 +263,9 @@ def test_a_limit_someone_else_sets_while_gpugov_holds_one_is_never_raised(
     assert caplog.text.count("which gpugov did not set") == 2  # once a GPU
     actuator.apply(720.0)  # 370 W for GPU 0: under its outside limit; GPU 1's stands
     assert _limits_mw(fake_nvml) == [370_000, 350_000]
-    record = LockState(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
+    record = _state(tmp_path).get_power_limit(fake_nvml.gpus[0].uuid)
     assert record is not None and record["original_mw"] == 450_000  # what a crash restores
-    assert LockState(tmp_path).get_power_limit(fake_nvml.gpus[1].uuid) is None
+    assert _state(tmp_path).get_power_limit(fake_nvml.gpus[1].uuid) is None
     assert actuator.restore() == []
     assert _limits_mw(fake_nvml) == [450_000, 350_000]  # the outside limits stand
 
@@ -371,12 +382,10 @@ def test_a_limit_read_as_no_limit_at_restore_is_unknown_not_someone_elses(
     assert actuator.restore() == []
     assert _limits_mw(fake_nvml) == [700_000, 700_000]
     garbled = False
-    crashed = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    crashed = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path))
     crashed.apply(600.0)  # then killed: its record stays
     garbled = True
-    started = PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=4242)
-    )
+    started = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path, pid=4242))
     lines = started.reconcile()
     assert _limits_mw(fake_nvml) == [700_000, 700_000]
     assert "restored" in lines[0] and "now unknown" in lines[0], lines
@@ -424,7 +433,7 @@ def test_the_original_is_recorded_before_the_write_and_restored_after_a_crash(
     fake_nvml: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     crashed = PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+        _backends(fake_nvml), domain="d", state=_state(tmp_path, pid=999_999_999)
     )
     fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
     crashed.apply(600.0)  # GPU 0's write failed: recorded all the same
@@ -432,7 +441,7 @@ def test_the_original_is_recorded_before_the_write_and_restored_after_a_crash(
     assert data["power_limits"]["GPU-fake-0000"]["original_mw"] == 700_000
     assert data["power_limits"]["GPU-fake-0001"]["set_mw"] == 300_000
     # ... and the process dies here: no restore. The next start reconciles.
-    state = LockState(tmp_path)
+    state = _state(tmp_path)
     restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=state)
     with caplog.at_level(logging.WARNING):
         lines = restarted.reconcile()
@@ -450,7 +459,7 @@ def test_a_recorded_original_over_a_megawatt_is_no_limit_to_restore(
     was asked for it (pynvml passes a c_uint, which keeps the low 32 bits of a larger
     one) and reset-clocks advised ``nvidia-smi -pl`` with a 28-digit number."""
     PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+        _backends(fake_nvml), domain="d", state=_state(tmp_path, pid=999_999_999)
     ).apply(600.0)
     path = tmp_path / "locks.json"
     data = json.loads(path.read_text())
@@ -459,7 +468,7 @@ def test_a_recorded_original_over_a_megawatt_is_no_limit_to_restore(
     before = list(fake_nvml.writes)
     with caplog.at_level(logging.WARNING):
         lines = PowerLimitActuator(
-            _backends(fake_nvml), domain="d", state=LockState(tmp_path)
+            _backends(fake_nvml), domain="d", state=_state(tmp_path)
         ).reconcile()
     assert len(lines) == 1 and "GPU 1" in lines[0]  # GPU 0's entry is dropped
     assert [w for w in fake_nvml.writes[len(before) :] if w[0] == SET and w[1] == 0] == []
@@ -471,11 +480,11 @@ def test_reconcile_leaves_a_limit_someone_else_set_and_retries_a_failed_restore_
     fake_nvml: FakeNvml, tmp_path: Path
 ) -> None:
     crashed = PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+        _backends(fake_nvml), domain="d", state=_state(tmp_path, pid=999_999_999)
     )
     crashed.apply(600.0)
     fake_nvml.gpus[0].power_limit_mw = 450_000  # changed by someone else after the crash
-    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path))
     fake_nvml.fail(SET, fp.NVML_ERROR_TIMEOUT, times=1)
     lines = restarted.reconcile()
     assert "left as it is" in lines[0] and "restore FAILED" in lines[1]
@@ -486,12 +495,12 @@ def test_reconcile_leaves_a_limit_someone_else_set_and_retries_a_failed_restore_
 
 def test_a_dry_run_reconcile_writes_nothing(fake_nvml: FakeNvml, tmp_path: Path) -> None:
     PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+        _backends(fake_nvml), domain="d", state=_state(tmp_path, pid=999_999_999)
     ).apply(600.0)
     before = list(fake_nvml.writes)
-    lines = PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path)
-    ).reconcile(dry_run=True)
+    lines = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path)).reconcile(
+        dry_run=True
+    )
     assert all("dry run: left as it is" in line for line in lines)
     assert fake_nvml.writes == before
 
@@ -768,11 +777,11 @@ def test_an_original_the_gpu_no_longer_accepts_is_restored_within_its_limits(
     (invalid argument) at every start and exit, the GPU left capped at gpugov's limit;
     it is now restored to the highest limit it accepts, said once."""
     PowerLimitActuator(
-        _backends(fake_nvml), domain="d", state=LockState(tmp_path, pid=999_999_999)
+        _backends(fake_nvml), domain="d", state=_state(tmp_path, pid=999_999_999)
     ).apply(600.0)
     assert _limits_mw(fake_nvml) == [300_000, 300_000]
     fake_nvml.gpus[0].power_limit_max_mw = 650_000  # the original 700 W is refused now
-    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=LockState(tmp_path))
+    restarted = PowerLimitActuator(_backends(fake_nvml), domain="d", state=_state(tmp_path))
     with caplog.at_level(logging.WARNING):
         lines = restarted.reconcile()
     assert _limits_mw(fake_nvml) == [650_000, 700_000]
