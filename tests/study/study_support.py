@@ -19,12 +19,17 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 QUICK_EXPERIMENTS_ARGS = ["experiments", "--quick", "--duration", "120", "--animation", "30"]
 
 
-def run_quick_experiments(out: Path, *extra: str) -> tuple[int, str, str]:
-    """``gpugov experiments --quick`` on a 120 s window into ``out``; (code, stdout, stderr)."""
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """``gpugov ARGV`` in this process: (exit code, stdout, stderr)."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main([*QUICK_EXPERIMENTS_ARGS, *extra, "--out", str(out)])
+        code = main(argv)
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+def run_quick_experiments(out: Path, *extra: str) -> tuple[int, str, str]:
+    """``gpugov experiments --quick`` on a 120 s window into ``out``; (code, stdout, stderr)."""
+    return run_main([*QUICK_EXPERIMENTS_ARGS, *extra, "--out", str(out)])
 
 
 def fail_when_synced(monkeypatch: Any, name: str, error: BaseException) -> list[str]:

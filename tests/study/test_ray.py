@@ -6,7 +6,6 @@ Skipped where Ray is not installed (``pip install 'gpugov[ray]'``)."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +13,8 @@ from typing import Any
 
 import cell_tasks
 import pytest
-from study_support import run_quick_experiments
+from study_support import run_main, run_quick_experiments
 
-from gpugov.cli import main
 from gpugov.study.runners import RayRuntime, RunnerError, RunnerSpec, map_cells
 
 ray = pytest.importorskip("ray")
@@ -28,19 +26,12 @@ deterministic evaluation budget, and every runner cell uses one BLAS thread)."""
 TIMING = {"decision_time_p50_s", "decision_time_p99_s", "offline_compute_s", "wall_s"}
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 @pytest.fixture(scope="module")
 def pool_board(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The tiny two-scenario scoreboard over a 2-process local pool (run before Ray
     starts: the pool forks, and a process should not fork once Ray's threads run)."""
     out = tmp_path_factory.mktemp("pool")
-    code, _, stderr = _run([*TINY_TWO_LOADS, "--jobs", "2", "--out", str(out)])
+    code, _, stderr = run_main([*TINY_TWO_LOADS, "--jobs", "2", "--out", str(out)])
     assert code == 0, stderr
     return json.loads((out / "scoreboard.json").read_text())
 
@@ -79,7 +70,7 @@ def _comparable(row: dict[str, Any]) -> dict[str, Any]:
 def test_scoreboard_on_ray_has_the_local_pools_scenarios_and_rows(
     pool_board: dict[str, Any], ray_runtime: RayRuntime, tmp_path: Path
 ) -> None:
-    code, stdout, stderr = _run([*TINY_TWO_LOADS, "--ray", "local", "--out", str(tmp_path)])
+    code, stdout, stderr = run_main([*TINY_TWO_LOADS, "--ray", "local", "--out", str(tmp_path)])
     assert code == 0, stderr
     board = json.loads((tmp_path / "scoreboard.json").read_text())
     assert board["runner"]["kind"] == "ray" and pool_board["runner"]["kind"] == "local"
@@ -142,7 +133,7 @@ def test_sweep_on_ray_appends_the_same_cells_as_the_local_pool(
     )
     rows = {}
     for name, runner in (("pool", ["--jobs", "1"]), ("ray", ["--ray", "local"])):
-        code, _, stderr = _run(
+        code, _, stderr = run_main(
             ["sweep", "--grid", str(grid), "--out", str(tmp_path / name), *runner]
         )
         assert code == 0, stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from study_support import run_main
 
 from gpugov.cli import main
 from gpugov.study.scoreboard import cli as bench_cli
@@ -67,17 +68,10 @@ def _strict_load(text: str) -> Any:
     return json.loads(text, parse_constant=reject)
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
     out = tmp_path_factory.mktemp("scoreboard")
-    code, stdout, stderr = _run(["bench", "controllers", "--tiny", "--out", str(out)])
+    code, stdout, stderr = run_main(["bench", "controllers", "--tiny", "--out", str(out)])
     return out, code, stdout, stderr
 
 
@@ -122,7 +116,7 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
 
 
 def test_bench_controllers_rejects_an_unknown_load(tmp_path: Path) -> None:
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         ["bench", "controllers", "--tiny", "--loads", "peak", "--out", str(tmp_path)]
     )
     assert code == 2
@@ -131,7 +125,7 @@ def test_bench_controllers_rejects_an_unknown_load(tmp_path: Path) -> None:
 
 
 def test_bench_controllers_rejects_an_unknown_profile(tmp_path: Path) -> None:
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         ["bench", "controllers", "--tiny", "--profiles", "b200-nope", "--out", str(tmp_path)]
     )
     assert code == 2
@@ -143,7 +137,7 @@ def test_an_unknown_profile_is_named_by_its_flag(tmp_path: Path, layout: str) ->
     # The disaggregated layout's line said only "unknown profile 'b200-nope'".
     argv = ["bench", "controllers", "--tiny", "--layout", layout, "--out", str(tmp_path / "o")]
     for profiles in ("b200-nope", "synthetic:nope"):
-        code, _, stderr = _run([*argv, "--profiles", profiles])
+        code, _, stderr = run_main([*argv, "--profiles", profiles])
         assert code == 2 and stderr.count("\n") == 1, stderr
         assert stderr.startswith("gpugov: error: --profiles: unknown ") and profiles in stderr
     assert not (tmp_path / "o").exists()
@@ -180,7 +174,7 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(
     before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
     argv = [flag.format(dir=tmp_path) for flag in flags]
     out = str(tmp_path) if "--report" not in flags else str(tmp_path / "out")
-    code, _, stderr = _run(["bench", "controllers", "--tiny", *argv, "--out", out])
+    code, _, stderr = run_main(["bench", "controllers", "--tiny", *argv, "--out", out])
     lines = stderr.splitlines()
     assert code == 2 and lines[-1].startswith("gpugov: error: "), stderr
     assert written.format(dir=tmp_path) in lines[-1]

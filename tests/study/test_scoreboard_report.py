@@ -4,10 +4,8 @@ tiny setup (one 15 s scenario), and the report's rules on hand-made request reco
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import hashlib
-import io
 import json
 import shlex
 import statistics
@@ -17,8 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from study_support import run_main
 
-from gpugov.cli import main
 from gpugov.plant.profile_files import bundled_profile_dir
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import resolve_trace
@@ -37,13 +35,6 @@ def _strict_load(text: str) -> Any:
     return json.loads(text, parse_constant=reject)
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -52,7 +43,7 @@ def _sha256(path: Path) -> str:
 def tiny_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
     out = tmp_path_factory.mktemp("scoreboard")
     report = tmp_path_factory.mktemp("base") / "report"  # created: its parent exists
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         ["bench", "controllers", "--tiny", "--out", str(out), "--report", str(report)]
     )
     return report, code, stdout, stderr
@@ -162,7 +153,7 @@ def test_the_recorded_command_reproduces_the_report(
     assert argv[:3] == ["gpugov", "bench", "controllers"]
     again = tmp_path / "again"
     argv[argv.index("--report") + 1] = str(again)
-    code, _, stderr = _run([*argv[1:], "--out", str(tmp_path / "out")])
+    code, _, stderr = run_main([*argv[1:], "--out", str(tmp_path / "out")])
     assert code == 0, stderr
     second = _strict_load((again / "report.json").read_text())
     assert second["config"] == first["config"]
@@ -209,7 +200,7 @@ def test_reproduce_command_spells_out_every_choice() -> None:
 def test_report_under_a_missing_directory_is_refused_before_the_run(tmp_path: Path) -> None:
     target = tmp_path / "missing" / "report"
     out = tmp_path / "out"
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         ["bench", "controllers", "--tiny", "--out", str(out), "--report", str(target)]
     )
     assert code == 2
@@ -224,7 +215,7 @@ def test_report_under_a_missing_directory_is_refused_before_the_run(tmp_path: Pa
 def test_report_onto_a_file_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "a-file"
     target.write_text("keep me\n")
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         ["bench", "controllers", "--tiny", "--out", str(tmp_path / "o"), "--report", str(target)]
     )
     assert code == 2

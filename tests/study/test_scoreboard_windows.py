@@ -4,15 +4,13 @@ summary's arithmetic on hand-made rows."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from study_support import run_main
 
-from gpugov.cli import main
 from gpugov.plant import ServingPlant, load_profile
 from gpugov.plant.types import Request
 from gpugov.plant.workload import TraceError
@@ -34,17 +32,10 @@ from gpugov.study.scoreboard.windows import (
 )
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 @pytest.fixture(scope="module")
 def windows_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
     out = tmp_path_factory.mktemp("windows")
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         # 10 s windows, not the tiny run's 15: three of them, and the window table.
         ["bench", "controllers", "--tiny", "--windows", "3", "--duration", "10", "--out", str(out)]
     )
@@ -113,7 +104,7 @@ def test_bad_windows_and_profiles_are_refused_before_any_work(
     tmp_path: Path, argv: list[str], message: str
 ) -> None:
     out = tmp_path / "board"
-    code, _, stderr = _run(["bench", "controllers", "--tiny", *argv, "--out", str(out)])
+    code, _, stderr = run_main(["bench", "controllers", "--tiny", *argv, "--out", str(out)])
     assert code == 2
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
@@ -187,7 +178,7 @@ def test_synthetic_profiles_run_on_the_scoreboard(tmp_path: Path) -> None:
     config = command.config_for(tiny=True, profiles=["synthetic", "h100-sxm-llama3-8b"])
     assert config.profiles[0] == "synthetic:compute-bound"
     assert len(config.profiles) == 10
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         [
             "bench",
             "controllers",

@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from gpugov.cli import main
+from study_support import run_main
 
 GRID = (
     'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
     'controllers = ["max", "fixed:1200"]\nduration_s = 5.0\n'
 )
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
 
 
 def test_a_full_disk_under_the_sweeps_results_is_one_line_naming_them(
@@ -43,7 +34,7 @@ def test_a_full_disk_under_the_sweeps_results_is_one_line_naming_them(
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
     assert code == 1, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("gpugov: error:")]
     assert errors == [f"gpugov: error: {out / 'results.jsonl'}: No space left on device"], stderr
@@ -108,7 +99,7 @@ def test_experiments_past_a_full_disk_is_one_line_naming_the_file(
     )
     out = tmp_path / "out"
     with _file_size_limit(16_384):
-        code, _, stderr = _run(["experiments", "--quick", "--out", str(out)])
+        code, _, stderr = run_main(["experiments", "--quick", "--out", str(out)])
     assert code == 1, stderr
     assert stderr.splitlines()[-1] == f"gpugov: error: {out / 'results.json'}: File too large"
     assert "Traceback" not in stderr and not out.exists()

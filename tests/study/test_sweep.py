@@ -4,17 +4,15 @@ and bad grid files get one line naming the file and the key."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from study_support import run_main
 from synthetic import plan_payload
 
-from gpugov.cli import main
 from gpugov.study.sweep import PLOTS_HINT, RESULTS, cell_key, plan_sweep
 
 GRID = """
@@ -27,13 +25,6 @@ duration_s = 30.0
 latency_noise = 0.05
 """
 CELLS = 2 * 1 * 2 * 3 * 2
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
 
 
 def _grid(folder: Path, text: str = GRID) -> Path:
@@ -57,7 +48,9 @@ def full_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, st
     folder = tmp_path_factory.mktemp("sweep")
     grid = _grid(folder)
     out = folder / "out"
-    code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
+    code, stdout, stderr = run_main(
+        ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"]
+    )
     assert code == 0, stderr
     return grid, out, stdout, stderr
 
@@ -79,7 +72,7 @@ def test_every_cell_once_with_simulates_metrics(full_sweep, tmp_path: Path) -> N
         and r["seed"] == 1
     )
     target = tmp_path / "simulate.json"
-    code, _, stderr = _run(
+    code, _, stderr = run_main(
         [
             "simulate",
             "--trace",
@@ -133,12 +126,12 @@ def test_a_cell_runs_the_controller_as_simulate_runs_it(
     text = 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
     text += f'controllers = ["mpc-online"]\nduration_s = 30.0\n{settings}\n'
     grid = _grid(tmp_path, text)
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(tmp_path / "out")])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "out")])
     assert code == 0, stderr
     (cell,) = _rows(tmp_path / "out")
     target = tmp_path / "simulate.json"
     argv = ["simulate", "--trace", str(tmp_path / "bursty.csv"), "--duration", "30"]
-    code, _, stderr = _run([*argv, "--controller", "mpc-online", *flags, "--out", str(target)])
+    code, _, stderr = run_main([*argv, "--controller", "mpc-online", *flags, "--out", str(target)])
     assert code == 0, stderr
     assert json.loads(target.read_text())["metrics"] == cell["metrics"]
 
@@ -150,7 +143,7 @@ def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     (resumed / RESULTS).write_text("".join(lines[:-3]) + lines[-3][: len(lines[-3]) // 2])
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         ["sweep", "--grid", str(grid), "--out", str(resumed), "--resume", "--jobs", "2"]
     )
     assert code == 0, stderr
@@ -161,7 +154,7 @@ def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
     original = {row["key"]: row["metrics"] for row in _rows(out)}
     assert {row["key"]: row["metrics"] for row in rows} == original
     # Resuming a finished sweep runs nothing and counts nothing twice.
-    code, stdout, _ = _run(["sweep", "--grid", str(grid), "--out", str(resumed), "--resume"])
+    code, stdout, _ = run_main(["sweep", "--grid", str(grid), "--out", str(resumed), "--resume"])
     assert code == 0 and f"0 ran now, {CELLS} done before" in stdout
     assert len(_rows(resumed)) == CELLS
 
@@ -169,7 +162,7 @@ def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
 def test_existing_results_need_resume(full_sweep) -> None:
     grid, out, _, _ = full_sweep
     before = (out / RESULTS).read_bytes()
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2
     assert stderr.count("\n") == 1 and "--resume" in stderr
     assert (out / RESULTS).read_bytes() == before
@@ -230,7 +223,7 @@ def test_bad_grid_files_get_one_line(
     }[request.node.callspec.id]
     grid = _grid(tmp_path, GRID.replace(change, replacement))
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2
     assert stderr.count("\n") == 1, stderr
     assert stderr.startswith(f"gpugov: error: {grid}") and expected in stderr
@@ -262,7 +255,7 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     )
     monkeypatch.chdir(work)  # the plan is read from the working directory, as simulate's
     first = tmp_path / "first"
-    code, _, stderr = _run(["sweep", "--grid", "../grids/grid.toml", "--out", str(first)])
+    code, _, stderr = run_main(["sweep", "--grid", "../grids/grid.toml", "--out", str(first)])
     assert code == 0, stderr
     copy = read_grid(first / GRID_COPY)
     assert copy.traces == [str(data / "bursty.csv"), "azure-conv-10min"]
@@ -271,7 +264,7 @@ def test_the_grid_copy_names_every_path_absolute_and_runs_again(
     assert copy.duration_s == 10.0 and copy.seeds == [0] and copy.floor_mhz is None
     monkeypatch.chdir(first)
     again = tmp_path / "again"
-    code, _, stderr = _run(["sweep", "--grid", GRID_COPY, "--out", str(again)])
+    code, _, stderr = run_main(["sweep", "--grid", GRID_COPY, "--out", str(again)])
     assert code == 0, stderr
     before = sorted(json.dumps(row["metrics"], sort_keys=True) for row in _rows(first))
     assert sorted(json.dumps(row["metrics"], sort_keys=True) for row in _rows(again)) == before
@@ -304,7 +297,7 @@ def test_a_grid_takes_home_paths_from_the_home(
     )
     monkeypatch.setenv("HOME", str(home))
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 0, stderr
     copy = read_grid(out / GRID_COPY)
     manifest = str(home / "h100-sxm-llama3-8b.json")
@@ -349,7 +342,7 @@ def test_resume_from_the_grid_copy_in_another_folder_runs_nothing_again(
 
     grid = _grid_of_relative_paths(tmp_path)
     monkeypatch.chdir(tmp_path / "work")
-    code, _, stderr = _run(["sweep", "--grid", "../grids/grid.toml", "--out", "../out"])
+    code, _, stderr = run_main(["sweep", "--grid", "../grids/grid.toml", "--out", "../out"])
     assert code == 0, stderr
     out = tmp_path / "out"
     before = (out / RESULTS).read_text()
@@ -358,7 +351,7 @@ def test_resume_from_the_grid_copy_in_another_folder_runs_nothing_again(
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert {cell.key for cell in plan_sweep(out / GRID_COPY).cells} == keys
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         ["sweep", "--grid", f"../out/{GRID_COPY}", "--out", "../out", "--resume"]
     )
     assert code == 0, stderr
@@ -379,7 +372,7 @@ def test_results_keyed_as_the_grid_spelled_paths_still_count_on_resume(
     grid = _grid_of_relative_paths(tmp_path)
     monkeypatch.chdir(tmp_path / "work")
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 0, stderr
     cells = {cell.key: cell for cell in plan_sweep(grid).cells}
     assert sum(not cell.former_keys for cell in cells.values()) == 1  # all names: unchanged
@@ -390,7 +383,7 @@ def test_results_keyed_as_the_grid_spelled_paths_still_count_on_resume(
         if cell.files_changed_at_s is not None:  # the plan: written after it last changed
             row["finished_at"] = _iso(cell.files_changed_at_s + 1)
     (out / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
-    code, stdout, _ = _run(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
+    code, stdout, _ = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
     assert code == 0 and "8 cells: 0 ran now, 8 done before" in stdout
 
 
@@ -425,12 +418,12 @@ def test_resume_runs_again_the_cells_whose_input_files_changed(
     )
     out = tmp_path / "out"
     argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
-    assert _run(argv)[0] == 0
+    assert run_main(argv)[0] == 0
 
     def resume() -> tuple[list[str], str]:
         """The controllers of the cells the resumed sweep ran, and its stderr."""
         count = len(_rows(out))
-        code, _, stderr = _run([*argv, "--resume"])
+        code, _, stderr = run_main([*argv, "--resume"])
         assert code == 0, stderr
         return [row["controller"] for row in _rows(out)[count:]], stderr
 
@@ -472,7 +465,7 @@ def test_results_keyed_without_contents_count_while_their_files_are_unchanged(
     )
     out = tmp_path / "out"
     argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
-    assert _run(argv)[0] == 0
+    assert run_main(argv)[0] == 0
     cells = {cell.key: cell for cell in plan_sweep(grid).cells}
     planned = next(cell for cell in cells.values() if cell.controller.startswith("open-loop"))
     assert planned.former_keys and planned.files_changed_at_s is not None
@@ -488,10 +481,10 @@ def test_results_keyed_without_contents_count_while_their_files_are_unchanged(
         (out / RESULTS).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
     keyed_the_old_way(planned.files_changed_at_s + 1)  # finished after the plan was written
-    code, stdout, _ = _run([*argv, "--resume"])
+    code, stdout, _ = run_main([*argv, "--resume"])
     assert code == 0 and "2 cells: 0 ran now, 2 done before" in stdout
     keyed_the_old_way(planned.files_changed_at_s - 1)  # the plan changed after it finished
-    code, stdout, _ = _run([*argv, "--resume"])
+    code, stdout, _ = run_main([*argv, "--resume"])
     assert code == 0 and "2 cells: 1 ran now, 1 done before" in stdout
     assert _rows(out)[-1]["key"] == planned.key
 
@@ -525,7 +518,9 @@ def test_without_matplotlib_the_table_is_still_written(
     )
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "out"
-    code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    code, stdout, stderr = run_main(
+        ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    )
     assert code == 0, stderr
     assert PLOTS_HINT in stderr
     assert (out / "summary.md").exists() and not (out / "sweep.png").exists()
@@ -545,7 +540,7 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
     monkeypatch.setenv("GPUGOV_TEST_KILL_MARKER", str(tmp_path / "killed"))
     monkeypatch.setattr(sweep_run, "run_cell", cell_tasks.sweep_cell_dying_once)
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "2"])
     assert code == 0, stderr
     assert (tmp_path / "killed").exists(), "a worker really died"
     assert "worker process died" in stderr and "retry 1/2" in stderr
@@ -580,7 +575,7 @@ def test_every_cell_is_checked_before_the_first_runs(
     text += f'controllers = ["max"]\nduration_s = 30.0\n{extra}\n'
     grid = _grid(tmp_path, text)
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2, stderr
     assert stderr.count("\n") == 1 and expected in stderr, stderr
     assert not out.exists()  # refused before the output directory was made
@@ -590,7 +585,7 @@ def test_an_output_directory_under_a_missing_parent_is_refused(tmp_path: Path) -
     grid = _grid(tmp_path, 'traces = ["bursty.csv"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
                  'controllers = ["max"]\nduration_s = 5.0\n')  # fmt: skip
     out = tmp_path / "missing" / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and "does not exist (create it first)" in stderr, stderr
     assert not out.parent.exists()
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from study_support import run_main
 from synthetic import plan_payload
 
-from gpugov.cli import main
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.progress import Progress
 from gpugov.plant.workload import scale_load
@@ -28,19 +28,12 @@ from gpugov.study.sweep import run as sweep_run
 GRID = 'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\ncontrollers = ["max"]\n'
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 def _refused(tmp_path: Path, settings: str, *flags: str) -> str:
     """Run a one-cell sweep; assert exit 2, one ``gpugov: error:`` line and no ``--out``."""
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID + settings)
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), *flags])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), *flags])
     assert code == 2, stderr
     assert stderr.startswith("gpugov: error: ") and stderr.count("\n") == 1, stderr
     assert not out.exists()
@@ -75,7 +68,7 @@ def test_an_open_loop_plan_period_below_the_minimum_is_refused_up_front(tmp_path
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.replace('"max"', f'"max", "open-loop:{plan}"') + "duration_s = 5\n")
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert f"{plan}: key 'control_period_s' must be at least 0.05 s" in stderr
     assert not out.exists()
@@ -187,7 +180,7 @@ def test_a_bad_out_parent_is_refused_before_ray_joins(
     monkeypatch.setattr(sweep_run, "runner_ready", None)  # reaching it would raise TypeError
     grid = _write(tmp_path, "duration_s = 5\n")
     out = tmp_path / "missing" / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--ray", "auto"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--ray", "auto"])
     assert code == 2 and stderr.count("\n") == 1 and "does not exist" in stderr, stderr
     assert not out.parent.exists()
 
@@ -230,7 +223,7 @@ def test_two_spellings_of_one_file_are_refused_as_a_duplicate(
     }
     text = "".join(f"{name} = {value}\n" for name, value in grid.items())
     (tmp_path / "grid.toml").write_text(text + "duration_s = 5\n")
-    code, _, stderr = _run(["sweep", "--grid", "grid.toml", "--out", "out"])
+    code, _, stderr = run_main(["sweep", "--grid", "grid.toml", "--out", "out"])
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert f"grid.toml: key '{key}': " in stderr and "name the same " in stderr
     assert not (tmp_path / "out").exists()
@@ -261,7 +254,7 @@ def test_a_second_sweep_into_a_directory_being_written_is_refused(tmp_path: Path
 def _refused_in(tmp_path: Path, out: Path, *flags: str) -> str:
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID + "duration_s = 5\n")
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), *flags])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), *flags])
     assert code == 2 and stderr.startswith("gpugov: error: "), stderr
     assert stderr.count("\n") == 1, stderr
     return stderr
@@ -278,7 +271,7 @@ def test_an_out_whose_outputs_would_overwrite_a_trace_is_refused(
     before = trace.read_text()
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.replace("azure-conv-10min", f"out/{output}") + "duration_s = 5\n")
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert f"--out {out / output}: is the trace 'out/{output}' of the grid" in stderr
     assert trace.read_text() == before and sorted(p.name for p in out.iterdir()) == [output]
@@ -297,7 +290,7 @@ def test_an_out_whose_outputs_would_overwrite_a_controllers_profile_is_refused(
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID.replace('"max"', '"max", "mpc:out/summary.json"') + "duration_s = 5\n")
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert "is a file of the controller 'mpc:out/summary.json'" in stderr
 
@@ -310,13 +303,13 @@ def test_a_grid_inside_out_is_kept_as_written(tmp_path: Path) -> None:
     grid = out / "grid.toml"
     text = "# mine\n" + GRID + "duration_s = 5\n"
     grid.write_text(text)
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 0, stderr
     assert grid.read_text() == text  # names only: it already is its copy, left as written
     _trace(out / "t.csv")
     text = GRID.replace("azure-conv-10min", "t.csv") + "duration_s = 5\n"
     grid.write_text(text)
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--resume"])
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert f"{grid} is the --grid file, which the sweep's grid copy" in stderr
     assert grid.read_text() == text
@@ -337,7 +330,7 @@ def test_a_name_too_long_for_a_file_is_one_short_line_naming_the_key(
         'controllers = ["max"]\n'
     )
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and stderr.count("\n") == 1 and len(stderr) < 600, stderr[:300]
     assert stderr.startswith(f"gpugov: error: {grid}: key '{key}': unknown ")
     assert not out.exists()
@@ -365,7 +358,7 @@ def test_an_unusable_out_is_refused_before_the_grid_is_planned(
         out.mkdir()
         (out / "results.jsonl").write_text('{"key": "a"}\n')
         said = "already holds results; add --resume"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out)])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
     assert code == 2 and stderr.count("\n") == 1 and said in stderr, stderr
 
 

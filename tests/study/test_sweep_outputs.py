@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import sys
@@ -12,20 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from study_support import run_main
 from synthetic import plan_payload
 
-from gpugov.cli import main
 from gpugov.daemon.progress import Progress
 from gpugov.study.sweep import SUMMARY_JSON, SUMMARY_MD, plan_sweep
 from gpugov.study.sweep import run as sweep_run
 from gpugov.study.sweep_results import sweep_plot
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv)
-    return code, stdout.getvalue(), stderr.getvalue()
 
 
 def _trace(path: Path) -> Path:
@@ -56,7 +48,9 @@ def test_names_with_a_pipe_or_an_escape_keep_the_tables_columns(tmp_path: Path) 
         'controllers = ["max", "fixed:1200"]\n'
     )
     out = tmp_path / "out"
-    code, stdout, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    code, stdout, stderr = run_main(
+        ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    )
     assert code == 0, stderr
     rows = _markdown_rows((out / SUMMARY_MD).read_text())
     header, body = rows[0], rows[2:]
@@ -93,7 +87,7 @@ def test_a_failed_cell_is_named_in_the_summaries(
         'controllers = ["max", "late_failing_governor:make"]\n'
     )
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
     assert code == 1, stderr
     summary = json.loads((out / SUMMARY_JSON).read_text())
     assert summary["failed"] == 1
@@ -175,7 +169,7 @@ def test_a_controller_whose_file_name_reads_as_math_is_plotted_as_written(
         f'controllers = ["max", {json.dumps(f"open-loop:{plan.name}")}]\n'
     )
     out = tmp_path / "out"
-    code, _, stderr = _run(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
     assert code == 0, stderr
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
