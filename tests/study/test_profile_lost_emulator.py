@@ -16,6 +16,15 @@ from gpugov.study.profiler import cli as profile_cli
 from gpugov.study.profiler.accuracy import write_profile_files
 
 
+def _two_clock_profile(url: str, out: Path) -> list[str]:
+    """``gpugov profile`` of GPU 0 of the emulator at ``url`` at two clocks, into ``out``."""
+    return [
+        *("profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated"),
+        *("--out", str(out), "--quiet", "--clock-list", "1980,1290"),
+        *("--dwell", "0.3", "--reference-batch", "16", "--reference-context", "256"),
+    ]
+
+
 def test_a_failed_reset_is_not_reported_as_a_reset(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -27,10 +36,7 @@ def test_a_failed_reset_is_not_reported_as_a_reset(
             emulator.wait()
 
         monkeypatch.setattr(profile_cli, "_check_load", gone_after_the_first_clock)
-        argv = ["profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated"]
-        argv += ["--out", str(tmp_path / "out"), "--quiet", "--clock-list", "1980,1290"]
-        argv += ["--dwell", "0.3", "--reference-batch", "16", "--reference-context", "256"]
-        code = main(argv)
+        code = main(_two_clock_profile(url, tmp_path / "out"))
     finally:
         emulator.kill()
         emulator.wait()
@@ -63,10 +69,7 @@ def test_a_finished_sweep_whose_reset_fails_says_so_and_exits_6(
             monkeypatch.setattr(EmulatedBackend, "reset_clocks", refused)
 
         monkeypatch.setattr(profile_cli, "_check_load", refuses_resets_from_now_on)
-        argv = ["profile", "--engine-url", url, "--gpus", "0", "--backend", "emulated"]
-        argv += ["--out", str(tmp_path / "out"), "--quiet", "--clock-list", "1980,1290"]
-        argv += ["--dwell", "0.3", "--reference-batch", "16", "--reference-context", "256"]
-        code = main(argv)
+        code = main(_two_clock_profile(url, tmp_path / "out"))
     finally:
         emulator.kill()
         emulator.wait()
