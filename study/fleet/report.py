@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from gpugov.daemon.files import write_files_atomic
-from gpugov.study.fleet.run import UNCAPPED, UTILIZATION_TOLERANCE
+from gpugov.study.fleet.run import UNCAPPED
+from gpugov.study.fleet.workload import UTILIZATION_TOLERANCE
 from gpugov.study.scoreboard.report import cell
 
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"

@@ -27,18 +27,17 @@ from gpugov.study.fleet.allocators import (
 from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
 from gpugov.study.fleet.run import (
-    UTILIZATION_TOLERANCE,
     Cell,
     FleetConfig,
     _plants,
     budget_at,
-    fleet_workload,
     floor_warning,
     load_warning,
     run_cell,
     run_fleet,
     summarize,
 )
+from gpugov.study.fleet.workload import UTILIZATION_TOLERANCE, fleet_workload
 from gpugov.study.runners import RunnerSpec
 from gpugov.study.scoreboard.scenarios import work_seconds_at_maximum
 
@@ -1017,24 +1016,24 @@ def test_the_fleets_load_is_priced_once_per_profile_not_once_per_node(
     node: quadratic in ``--nodes`` (the workload grows with the fleet), so ``--nodes 200``
     sat 80 s and ``--nodes 2000`` many minutes before its first progress line. Each of
     the listed profiles is priced once now, and the load is the same number."""
-    from gpugov.study.fleet import run as fleet_run
+    from gpugov.study.fleet import workload as fleet_workload_module
 
     config = replace(FleetConfig(), nodes=12, profiles=("h100-sxm-llama3-8b", "h200-sxm-llama3-8b"))
-    plants = fleet_run._plants(config.profiles)
+    plants = _plants(config.profiles)
     requests = [Request(i, 0.5 * i, 300 + 11 * i, 40 + i % 7) for i in range(200)]
     expected = 1.0 / sum(
         config.duration_s / work_seconds_at_maximum(requests, plants[name].profile)
         for name in config.node_profiles()
     )
     priced: list[str] = []
-    real = fleet_run.work_seconds_at_maximum
+    real = fleet_workload_module.work_seconds_at_maximum
 
     def counting(work: object, profile: object) -> float:
         priced.append(profile.name)  # type: ignore[attr-defined]
         return real(work, profile)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fleet_run, "work_seconds_at_maximum", counting)
-    assert fleet_run.fleet_utilization(requests, config, plants) == expected
+    monkeypatch.setattr(fleet_workload_module, "work_seconds_at_maximum", counting)
+    assert fleet_workload_module.fleet_utilization(requests, config, plants) == expected
     assert sorted(priced) == sorted(config.profiles)
 
 
