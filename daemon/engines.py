@@ -109,6 +109,11 @@ class EngineSample:
     such histogram, or where its generation counter counts a request's tokens when it
     finishes, so that it equals the histogram's sum (TGI; SGLang since its collector
     rewrite, sgl-project/sglang#1981)."""
+    prompt_tokens_at_finish: bool = False
+    """Whether ``prompt_tokens_total`` counts a request's prompt only when the request
+    finishes (SGLang since its collector rewrite), windows after its first token: a
+    window's prompt tokens are then not those of its first tokens, which are judged at
+    the flat TTFT SLO (:mod:`daemon.attainment`)."""
     iterations_total: float | None = None
     """Engine steps (forward passes) so far: the count of vLLM's tokens-per-step
     histogram ``vllm:iteration_tokens_total``, or of TGI's ``tgi_batch_forward_duration``
@@ -316,6 +321,10 @@ class EngineSpec:
     """Histograms of the tokens each engine step ran (their ``_sum`` is the tokens)."""
     forward_seconds: tuple[str, ...] = ()
     """Histograms of forward-pass seconds labelled by ``method`` (prefill, decode)."""
+    prompt_tokens_at_finish: bool = False
+    """The prompt counter counts a request's prompt when it finishes, where the page has
+    none of the ``finished_generation`` histograms (SGLang since its collector rewrite;
+    its older collector, which has them, counted tokens as they ran)."""
 
     def wanted(self) -> frozenset[str]:
         """Every sample name this engine's extraction reads."""
@@ -445,6 +454,7 @@ SGLANG = EngineSpec(
         "sglang:request_generation_tokens",
     ),
     finished_generation=("sglang:request_generation_tokens",),
+    prompt_tokens_at_finish=True,
 )
 TGI = EngineSpec(
     kind="tgi",
@@ -766,6 +776,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         finished_generation_tokens_total=(
             None if finished_generation is None else finished_generation.sum_s
         ),
+        prompt_tokens_at_finish=spec.prompt_tokens_at_finish and finished_generation is None,
         iterations_total=None if steps is None else steps.count,
         iteration_tokens_total=_first(series, [f"{base}_sum" for base in spec.step_tokens]),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),

@@ -840,7 +840,10 @@ class DomainObserver:
             if tpot is None and base is not None:
                 tpot = _window_mean(engine.tpot, base.tpot)
             if base is not None:
-                prompts = engine.prompt_tokens_total
+                # A prompt counter that moves as requests finish says nothing of the
+                # window's first tokens: they are judged at the flat TTFT SLO.
+                at_finish = engine.prompt_tokens_at_finish or base.prompt_tokens_at_finish
+                prompts = None if at_finish else engine.prompt_tokens_total
                 before = base.prompt_tokens_total
                 self.attainment.add_window(
                     bucket_delta(engine.ttft_buckets, base.ttft_buckets),

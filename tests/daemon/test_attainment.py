@@ -325,7 +325,8 @@ def test_observer_turns_histograms_into_cumulative_counters() -> None:
     third = observer.observe(2.0, 2, None).observation
     assert second.ttft_count_total == 4.0 and second.ttft_within_slo_total == 2.0
     assert third.ttft_count_total == 8.0 and third.ttft_within_slo_total == 4.0
-    assert third.ttft_recent_prompt_tokens == 1000.0
+    # SGLang counts a prompt when its request finishes: not the window's first tokens'.
+    assert third.ttft_recent_prompt_tokens is None
     assert third.ttft_slo_per_prompt_token_s == 0.0
     # The real page's TPOT histogram did not move: nothing counted, but it is measured.
     assert third.tpot_count_total == 0.0
@@ -358,3 +359,51 @@ def test_the_estimate_stays_within_each_windows_count_on_random_windows() -> Non
             assert -1e-9 <= gained <= count + 1e-9, (case, values, prompts)
             gained = (estimator.tpot_within or 0.0) - before[1]
             assert -1e-9 <= gained <= count + 1e-9, (case, tpot)
+
+
+def _sglang_page_grown(first_token_s: float | None, prompt_tokens: float, done: int) -> str:
+    """The real SGLang page after ``done`` windows, each adding ``prompt_tokens`` to the
+    prompt counter and (``first_token_s`` not None) one first token of that TTFT."""
+    lines = []
+    grown = 0 if first_token_s is None else done
+    for line in fixture_text("sglang_real.txt").splitlines():
+        if line.startswith("#") or " " not in line:
+            lines.append(line)
+            continue
+        name, value = line.rsplit(" ", 1)
+        number = float(value)
+        if name.startswith("sglang:prompt_tokens_total"):
+            number += prompt_tokens * done
+        elif name.startswith("sglang:time_to_first_token_seconds_bucket"):
+            le = float(name.split('le="')[1].split('"')[0].replace("Inf", "inf"))
+            number += grown if first_token_s is not None and first_token_s <= le else 0
+        elif name.startswith("sglang:time_to_first_token_seconds_count"):
+            number += grown
+        elif name.startswith("sglang:time_to_first_token_seconds_sum"):
+            number += grown * (first_token_s or 0.0)
+        lines.append(f"{name} {number!r}")
+    return "\n".join(lines) + "\n"
+
+
+def test_sglang_prompts_counted_at_their_finish_do_not_lengthen_a_first_tokens_slo() -> None:
+    """SGLang adds a request's prompt to its counter when the request finishes, windows
+    after its first token: a long prompt finishing beside a short one's late first token
+    lent that first token the long prompt's allowance, and its miss counted as met."""
+    pages = iter([_sglang_page_grown(1.6, 30_000.0, done) for done in range(3)])
+    source = SglangSource("x", fetch=lambda url, t: next(pages))
+    observer = DomainObserver(
+        [IdleGpu()],
+        source,
+        stale_after_s=3.0,
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        ttft_slo_per_prompt_token_s=5e-5,
+    )
+    observer.observe(0.0, 0, None)
+    observer.observe(1.0, 1, None)
+    last = observer.observe(2.0, 2, None).observation
+    # Each window: one 1.6 s first token, 30,000 prompt tokens of requests that finished.
+    # Judged at the flat 1 s SLO (its own prompt is not known): two misses.
+    assert last.ttft_count_total == 2.0
+    assert last.ttft_within_slo_total == 0.0
+    assert last.ttft_recent_prompt_tokens is None
