@@ -199,7 +199,9 @@ def _replayed_controller(
     the power budget each recorded observation carries (its ``power_limit_w``) by the
     clock where the recorded domain had a budget configured (``power_budget_held``), and
     otherwise only reports it; it spends the recorded domain's ``slo_target`` as the
-    node did.
+    node did. It runs on virtual time, as every study does: an outside controller is
+    called directly (no node's decision deadline) and an MPC solves within the
+    deterministic budget, so a busy machine cannot change a replayed decision.
 
     Raises:
         RecordingError: the header's ``slo_target`` is not a valid target.
@@ -223,6 +225,7 @@ def _replayed_controller(
         budget_guard=True,
         budget_enforced=bool(info.get("power_budget_held", False)),
         slo_target=_recorded_slo_target(info),
+        time_mode="virtual",
     )
     return build_controller(spec, context)
 

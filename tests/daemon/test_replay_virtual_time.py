@@ -1,0 +1,89 @@
+"""``replay`` runs the controller on virtual time, as the studies do (docs/daemon.md): an
+outside controller is called directly, with no node's decision deadline, and an MPC's
+solves are bounded by the deterministic budget, so a replay's report does not depend on
+how busy the machine is."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gpugov.controllers.contract import unwrap
+from gpugov.controllers.mpc.controller import DEFAULT_SOLVE_BUDGET_EVALUATIONS, MPCController
+from gpugov.daemon.controller_config import FixedControllerConfig
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.loop import TimedLoop, VirtualClock, run
+from gpugov.daemon.record import Recorder
+from gpugov.daemon.replay import _replayed_controller, replay
+from gpugov.daemon.service import simulated_run
+from gpugov.plant import Request, ServingPlant, load_profile
+
+SLOW = """
+import time
+
+
+def make(context):
+    clocks = context.supported_clocks_mhz
+    calls = [0]
+
+    def decide(observation):
+        calls[0] += 1
+        if calls[0] == 3:
+            time.sleep(0.6)  # past a node's deadline: the 0.25 s control period
+        return clocks[-1]
+
+    return decide
+"""
+
+
+def _recording(path: Path) -> int:
+    """A short simulated node's recording at a 0.25 s period; its tick count."""
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    workload = tuple(Request(i, 0.5 * i, 300, 20) for i in range(6))
+    clock = VirtualClock()
+    sim = simulated_run(
+        workload,
+        plant,
+        FixedControllerConfig(kind="fixed", clock_mhz=1410),
+        clock,
+        period_s=0.25,
+        virtual_time=True,
+    )
+    ticks: list[object] = []
+    recorder = Recorder(path, sim.header)
+    try:
+
+        def on_tick(batch: list[object]) -> None:
+            ticks.extend(batch)
+            recorder(batch)  # type: ignore[arg-type]
+
+        run(
+            [sim.domain],
+            TimedLoop(0.25, clock=clock, sleep=clock.sleep),
+            on_tick=on_tick,
+            before_tick=sim.before_tick,
+        )
+    finally:
+        recorder.close()
+        sim.finish()
+    return len(ticks)
+
+
+def test_a_slow_outside_controller_is_replayed_not_timed_out(
+    tmp_path: Path, module_on_path: Callable[[str, str], str]
+) -> None:
+    name = module_on_path("slow_replay_governor", SLOW)
+    path = tmp_path / "run.jsonl"
+    ticks = _recording(path)
+    report = replay(path, parse_controller_spec(f"{name}:make"))
+    assert report.compared == ticks > 3
+    assert report.replayed_sum_mhz == ticks * 1980.0
+
+
+def test_a_replayed_mpc_solves_within_the_deterministic_budget() -> None:
+    info = {"name": "sim", "gpus": ["0"], "gpu_names": ["NVIDIA H100 SXM5 80GB HBM3"]}
+    clocks = [float(c) for c in load_profile("h100-sxm-llama3-8b").clock_mhz]
+    chain = _replayed_controller(parse_controller_spec("mpc"), info, 1.0, clocks)
+    mpc = unwrap(chain)
+    assert isinstance(mpc, MPCController)
+    assert mpc.solve_budget_evaluations == DEFAULT_SOLVE_BUDGET_EVALUATIONS
