@@ -185,6 +185,8 @@ class ClockActuator:
         any more, and no ``gpugov reset-clocks`` can reach them."""
         self._readback = LockReadback(domain, pinned=lock_mode == "pin")
         self._fallback_logged: set[str] = set()
+        self._rollback_logged = False
+        """Whether a lowering that split the group has been said (:meth:`apply`)."""
         self._maybe_held: dict[str, int] = {}
         """Per GPU whose lock writes failed: the lowest clock a lock may hold it at."""
         self._write_deadline_s = write_deadline_s
@@ -258,8 +260,13 @@ class ClockActuator:
     def apply(self, clock_mhz: int) -> int:
         """Lock every GPU whose remembered lock differs from ``clock_mhz``.
 
+        The domain's GPUs (a tensor-parallel group) are never left split by a lowering
+        that fails on some of them: the GPUs it went through on are locked back at the
+        clock the failing ones kept (once, one warning line), and while a GPU's writes keep
+        failing a lowering is written to it first, the others only once it went through.
+
         Returns:
-            The number of lock writes made (0 when nothing changed).
+            The number of lock writes made (0 when nothing changed), a rollback's included.
 
         Raises:
             PermissionDenied, NotSupported, GpuLost: not survivable; the caller's ``with``
@@ -280,8 +287,57 @@ class ClockActuator:
                 continue  # still hanging; or the hung write, returned, locked this clock
             planned.append((writer, self._range(backend, clock_mhz)))
             before[backend.label] = self.locked_mhz[backend.label]
+        # A lowering goes first to the GPUs whose writes are failing: a GPU that keeps
+        # failing then holds the others at its clock, not split from them every tick.
+        failing = [item for item in planned if self.failure_log.failing(item[0].label)]
+        lowering = bool(failing) and any(
+            self._lowers(writer.backend, before[writer.label], clock_mhz) for writer, _ in planned
+        )
+        first = failing if lowering else []
+        rest = planned
+        written = 0
+        if first and len(first) < len(planned):
+            written, _ = self._lock_planned(first, clock_mhz, before)
+            through = all(self.locked_mhz[writer.label] == clock_mhz for writer, _ in first)
+            rest = [item for item in planned if item not in first] if through else []
+        if rest:
+            more, kept = self._lock_planned(rest, clock_mhz, before)
+            written += more + self._not_split(rest, kept, clock_mhz)
+        if written:
+            self.writes += written
+            log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
+        return written
+
+    @staticmethod
+    def _lowers(backend: GpuBackend, before: int | None, clock_mhz: int) -> bool:
+        """Whether locking ``clock_mhz`` lowers ``backend``, which held ``before`` (None: no
+        lock, so up to its top clock; unknown: not known to)."""
+        if before is None:
+            try:
+                return clock_mhz < max(backend.supported_clocks_mhz())
+            except GpuError:  # a GPU lost meanwhile is said by its write
+                return True
+        return before != _UNKNOWN and clock_mhz < before
+
+    def _lock_planned(
+        self,
+        planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
+        clock_mhz: int,
+        before: dict[str, int | None],
+    ) -> tuple[int, dict[str, int | None]]:
+        """Make :meth:`apply`'s lock writes ``planned`` (together, on a node) and take
+        their outcomes.
+
+        Returns:
+            The writes that went through, and per GPU whose lowering failed for now (not
+            one that hangs) the lock it kept (None: none).
+
+        Raises:
+            PermissionDenied, NotSupported, GpuLost: as :meth:`apply`.
+        """
         wanted = {writer.label: clock_range for writer, clock_range in planned}
         written = 0
+        kept: dict[str, int | None] = {}
         fatal: GpuError | None = None
         for writer, finish in self._write_together(planned):
             backend, label = writer.backend, writer.label
@@ -298,6 +354,8 @@ class ClockActuator:
                 self._maybe_held[label] = lowest
                 if lowest < clock_mhz:
                     self._not_held_low(backend, lowest, clock_mhz)
+                elif self._lowers(backend, before[label], clock_mhz):
+                    kept[label] = before[label]
                 continue
             except GpuError as error:
                 writer.count_failure()
@@ -314,11 +372,58 @@ class ClockActuator:
             writer.succeeded()
             self._holds(backend, wanted[label])
             written += 1
-        if written:
-            self.writes += written
-            log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
         if fatal is not None:
+            if written:
+                self.writes += written
             raise fatal
+        return written, kept
+
+    def _not_split(
+        self,
+        planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
+        kept: dict[str, int | None],
+        clock_mhz: int,
+    ) -> int:
+        """After a lowering to ``clock_mhz`` that failed on the GPUs of ``kept`` (each with
+        the lock it kept), lock the GPUs of ``planned`` it went through on back at the
+        highest clock those kept (a reset where one kept none), so the group runs at one
+        clock; the first time one warning line. Returns the writes that went through."""
+        lowered = [writer for writer, _ in planned if self.locked_mhz[writer.label] == clock_mhz]
+        if not kept or not lowered:
+            return 0
+        values = list(kept.values())
+        back = None if None in values else max(v for v in values if v is not None)
+        back_planned = [
+            (writer, None if back is None else self._range(writer.backend, back))
+            for writer in lowered
+        ]
+        written = 0
+        for writer, finish in self._write_together(back_planned):
+            label = writer.label
+            try:
+                finish()
+            except ClockWriteHung as error:
+                self._write_hung(writer, "lock" if back else "reset", error, clock_mhz, back)
+                continue
+            except TransientGpuError as error:
+                self.locked_mhz[label] = _UNKNOWN  # written again at the next apply
+                writer.failed("lock" if back else "reset", error)
+                continue
+            writer.succeeded()
+            self._holds(writer.backend, None if back is None else self._range(writer.backend, back))
+            written += 1
+        if not self._rollback_logged:
+            self._rollback_logged = True
+            log.warning(
+                "domain %s: the lock at %d MHz failed on GPU(s) %s; GPU(s) %s %s so the "
+                "group is not split, and the lowering is written to the failing GPU(s) "
+                "first until it goes through (logged once)",
+                self.domain,
+                clock_mhz,
+                ", ".join(sorted(kept)),
+                ", ".join(writer.label for writer in lowered),
+                "reset as well" if back is None else f"locked back at {back} MHz",
+            )
         return written
 
     def _write_together(

@@ -203,6 +203,8 @@ class FakeGpu:
     top listed clock. A GeForce or power-limited board lists graphics clocks above it."""
     locked: tuple[int, int] | None = None
     lost: bool = False
+    lock_error: int | None = None
+    """An NVML code every clock lock of this GPU alone raises (None: locks go through)."""
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -416,6 +418,8 @@ class FakeNvml:
         self, handle: FakeGpu, minGpuClockMHz: int, maxGpuClockMHz: int
     ) -> None:
         self._enter("nvmlDeviceSetGpuLockedClocks", handle)
+        if handle.lock_error is not None:
+            raise NVMLError(handle.lock_error)
         if not self.permission:
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
         if minGpuClockMHz > maxGpuClockMHz:

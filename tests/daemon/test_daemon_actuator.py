@@ -64,10 +64,11 @@ def test_unlock_resets_and_forgets(fake_nvml: FakeNvml) -> None:
 def test_transient_write_error_retried_next_tick(fake_nvml: FakeNvml) -> None:
     with ClockActuator(_backends(fake_nvml)) as actuator:
         fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=1)
-        assert actuator.apply(1000) == 1
+        assert actuator.apply(1000) == 2  # GPU 1's lock, then its reset: not split
         assert actuator.write_errors == 1
         assert actuator.applied_mhz is None
-        assert actuator.apply(1000) == 1
+        assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None
+        assert actuator.apply(1000) == 2
         assert actuator.applied_mhz == 1000
 
 
@@ -228,3 +229,37 @@ def test_retry_each_retries_only_what_failed_for_now_with_doubling_waits() -> No
     assert waits == [0.2, 0.4]  # no wait after the last round
     assert retry_each([], attempt_one, attempts=3, backoff_s=0.2, sleep=waits.append) == ([], [])
     assert waits == [0.2, 0.4]
+
+
+def _locks(fake: FakeNvml) -> list[tuple[int, int] | None]:
+    return [fake.locked(i) for i in range(len(fake.gpus))]
+
+
+@pytest.mark.parametrize("deadline_s", [None, 2.0])  # a simulated run's writes, a node's
+def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
+    caplog: pytest.LogCaptureFixture, deadline_s: float | None
+) -> None:
+    fake = FakeNvml(4)
+    fake.nvmlInit()
+    backends = _backends(fake)
+    with ClockActuator(backends, domain="tp4", write_deadline_s=deadline_s) as actuator:
+        assert actuator.apply(1980) == 4
+        fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
+            for _ in range(5):  # GPU 2 fails every lowering; the others follow it
+                actuator.apply(900)
+                assert _locks(fake) == [(1980, 1980)] * 4
+        rollback = [r.getMessage() for r in caplog.records if "not split" in r.getMessage()]
+        assert rollback == [
+            "domain tp4: the lock at 900 MHz failed on GPU(s) 2; GPU(s) 0, 1, 3 locked back "
+            "at 1980 MHz so the group is not split, and the lowering is written to the "
+            "failing GPU(s) first until it goes through (logged once)"
+        ]
+        lowered = [w for w in fake.writes if w[0] == "nvmlDeviceSetGpuLockedClocks" and w[2] == 900]
+        assert len(lowered) == 3  # once; then GPU 2 is tried alone, the others left at 1980
+        fake.gpus[2].lock_error = None
+        actuator.apply(900)
+        assert _locks(fake) == [(900, 900)] * 4 and actuator.applied_mhz == 900
+        fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
+        assert actuator.apply(1410) == 3  # a raise is never held back by a failing GPU
+        assert _locks(fake)[:2] == [(1410, 1410)] * 2 and fake.locked(2) is None
