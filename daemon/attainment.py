@@ -229,9 +229,14 @@ class AttainmentEstimator:
     ) -> None:
         """Fold one window's histograms (:func:`bucket_delta`) and prompt tokens in;
         their window ``_sum`` s, where known, place the observations of the bucket that
-        holds the SLO (:func:`within_window`)."""
+        holds the SLO (:func:`within_window`). A window without TTFT buckets (None) carries
+        none of its prompt tokens to the next."""
         first_tokens = total(ttft) if ttft is not None else 0.0
-        mean = self.recent_prompt_tokens = self._prompts.update(prompt_tokens, first_tokens)
+        # A window without its TTFT histogram lost its first tokens: its prompt tokens are
+        # theirs, not to be carried to the next window's (a longer SLO than their own).
+        mean = self.recent_prompt_tokens = self._prompts.update(
+            prompt_tokens if ttft is not None else None, first_tokens
+        )
         if ttft is not None and self.ttft_slo_s is not None:
             allowance = self.ttft_slo_per_prompt_token_s or 0.0
             if mean is None or not allowance:

@@ -127,6 +127,18 @@ def test_estimator_accumulates_windows_at_the_per_prompt_slo() -> None:
     assert estimator.ttft_count == 10.0 and estimator.tpot_count == 20.0
 
 
+def test_a_skipped_windows_prompts_are_not_lent_to_the_next_first_token() -> None:
+    """A window whose TTFT histogram gives no window (other bounds, counts that fell, a
+    page without it) loses its first tokens: its prompt tokens are theirs, not the next
+    window's first token's, which they lent a longer SLO (a miss counted as met)."""
+    estimator = AttainmentEstimator(1.0, None, ttft_slo_per_prompt_token_s=5e-5)
+    estimator.add_window(None, None, prompt_tokens=30_000.0)  # its first tokens unknown
+    lone = ((1.0, 0.0), (2.5, 1.0), (math.inf, 1.0))  # one first token at 1.6 s
+    estimator.add_window(lone, None, prompt_tokens=100.0, ttft_sum_s=1.6)
+    assert estimator.recent_prompt_tokens == 100.0
+    assert estimator.ttft_within == 0.0  # its SLO is 1.005 s: a miss
+
+
 def test_a_lone_first_token_is_judged_at_its_own_value() -> None:
     """vLLM's TTFT buckets jump from 1.0 to 2.5 s: one 1.1 s first token in a window
     would count as 87 % missed against a 1.2 s SLO; its window sum says it met it."""
