@@ -36,6 +36,7 @@ from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
+    held_by_node,
     invalid_decisions,
     raw_decision,
 )
@@ -191,14 +192,17 @@ class Domain:
         elif isinstance(self.controller, PowerCapping):
             self.power_limits.apply(self.controller.requested_power_cap_w)
 
-    def _failsafe_clock(self) -> tuple[float | None, int]:
-        """Apply the fail-safe: lock the top clock (``"max"``) or unlock; a power cap the
-        controller set gives way to the GPUs' own limits either way."""
+    def _failsafe_clock(self, now_s: float) -> tuple[float | None, int]:
+        """Apply the fail-safe at ``now_s``: lock the top clock (``"max"``), which the
+        safety chain then holds for its dwell, or unlock; a power cap the controller set
+        gives way to the GPUs' own limits either way."""
         self._apply_cap(failsafe=True)
         if self.failsafe_mode == "max":
             clocks = self.observer.gpus.supported_clocks_mhz()
             target = clocks[-1]
-            return target, self.actuator.apply(int(target))
+            writes = self.actuator.apply(int(target))
+            held_by_node(self.controller, target, now_s)
+            return target, writes
         return None, self.actuator.unlock()
 
     def _failsafe(self, observed: Observed) -> tuple[float | None, int]:
@@ -216,7 +220,7 @@ class Domain:
                 note or "",
             )
         self.fallbacks["engine_stale"] = self.fallbacks.get("engine_stale", 0) + 1
-        return self._failsafe_clock()
+        return self._failsafe_clock(observed.observation.time_s)
 
     def _controller_failed(self, error: Exception, now_s: float, step: int) -> None:
         """Count a controller exception, or an outside controller's missed deadline
@@ -397,7 +401,7 @@ class Domain:
             self.fallbacks["actuator_unavailable"] = (
                 self.fallbacks.get("actuator_unavailable", 0) + 1
             )
-            requested, writes = self._failsafe_clock()
+            requested, writes = self._failsafe_clock(now_s)
         elif observed.engine_fresh:
             if self.failsafe_active:
                 self.failsafe_active = False
@@ -412,7 +416,7 @@ class Domain:
             except Exception as error:  # survived per tick; N in a row stop the daemon
                 self._controller_failed(error, now_s, step)
                 failed = True
-                requested, writes = self._failsafe_clock()
+                requested, writes = self._failsafe_clock(now_s)
             else:
                 if self.controller_failures:
                     log.log(

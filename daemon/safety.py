@@ -146,6 +146,14 @@ class MinimumDwell(ControllerWrapper):
         self._since_s = observation.time_s
         return requested
 
+    def held_by_node(self, clock_mhz: float, time_s: float) -> None:
+        """The node locked ``clock_mhz`` at ``time_s`` outside the chain (the fail-safe's
+        top clock): held from then, so the dwell and the relock interval count from that
+        lock, not from the chain's last change (the next decision relocked at once)."""
+        if self.held_mhz != clock_mhz:
+            self.held_mhz = float(clock_mhz)
+            self._since_s = time_s
+
 
 def with_safety(
     inner: ClockController,
@@ -170,6 +178,16 @@ def clamp_layer(controller: ClockController) -> ClampToSupported | None:
     return None
 
 
+def held_by_node(controller: ClockController, clock_mhz: float, time_s: float) -> None:
+    """Tell the chain's :class:`MinimumDwell` that the node locked ``clock_mhz`` at
+    ``time_s`` without asking it (the fail-safe); nothing outside a chain."""
+    while isinstance(controller, ControllerWrapper):
+        if isinstance(controller, MinimumDwell):
+            controller.held_by_node(clock_mhz, time_s)
+            return
+        controller = controller.inner
+
+
 def invalid_decisions(controller: ClockController) -> int:
     """Non-finite decisions replaced by the maximum clock, over the wrapper chain."""
     clamp = clamp_layer(controller)
@@ -192,6 +210,7 @@ __all__ = [
     "MinimumDwell",
     "SafetySettings",
     "clamp_layer",
+    "held_by_node",
     "invalid_decisions",
     "raw_decision",
     "with_safety",

@@ -398,3 +398,36 @@ def test_one_gpu_named_by_index_and_by_uuid_in_two_domains_is_refused(
         domains_from_config(config, nvml=fake)
     assert fake.initialized == 0
     assert [w for w in fake.writes if w[0] == LOCK] == []
+
+
+def test_the_fail_safe_top_clock_is_held_for_the_dwell_and_no_relock_comes_sooner(
+    vllm_server: MetricsServer,
+) -> None:
+    """At a 0.05 s period the engine misses scrapes for a moment: the fail-safe locks the
+    top clock, and the controller's lower clock waits out the dwell after it, so no two
+    clock changes come within the relock interval (the next decision relocked at once)."""
+    fake = FakeNvml(2)
+    section = {
+        "name": "llm",
+        "gpus": [0, 1],
+        "stale_after_s": 0.08,
+        "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.025},
+        "controller": {"kind": "fixed", "clock_mhz": 1410},
+        "safety": {"dwell_s": 0.5, "min_relock_interval_s": 0.1},
+    }
+    config = parse_config({"daemon": {"period_s": 0.05}, "domains": [section]})
+    assembled = domains_from_config(config, nvml=fake)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        vllm_server.down = step in (1, 2)
+
+    clock = VirtualClock()
+    loop = TimedLoop(0.05, clock=clock, sleep=clock.sleep)
+    records, _ = run_ticks(assembled.domains, 20, on_step=on_step, loop=loop)
+    assembled.close()
+    applied = [(r.time_s, r.applied_mhz) for r in records]
+    assert [r.failsafe for r in records].count(True) >= 1
+    changes = [t for (t, mhz), (_, was) in zip(applied[1:], applied, strict=False) if mhz != was]
+    assert len(changes) == 2  # up to the top clock, and back down once
+    assert changes[1] - changes[0] >= 0.5 - 1e-9  # the top clock held for the dwell
+    assert applied[-1][1] == 1410
