@@ -237,3 +237,39 @@ def test_a_controller_spec_outside_its_range_is_one_line(spec: str, message: str
 )
 def test_a_controller_spec_at_the_edge_is_accepted(spec: str, field: str, value: float) -> None:
     assert getattr(parse_controller_spec(spec), field) == value
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [  # each value is its bound, a multiple of the period that rounds above it
+        (
+            {"daemon": {"period_s": 0.05}, **_domain(stale_after_s=0.075)},
+            "stale_after_s",
+        ),
+        (
+            {
+                "daemon": {
+                    "period_s": 0.1,
+                    "backend": "actuator",
+                    "actuator": {"lease_s": 0.3, "timeout_s": 0.05},
+                },
+                **_domain(engine={"timeout_s": 0.05}),
+            },
+            "lease_s",
+        ),
+        (
+            {
+                "daemon": {"period_s": 0.1},
+                **_domain(slo_target={"window_s": 1.2, "attainment": 0.9}, **SLOS),
+            },
+            "window_s",
+        ),
+    ],
+)
+def test_a_bound_that_is_a_multiple_of_the_period_is_accepted_at_its_edge(
+    data: dict[str, Any], field: str
+) -> None:
+    parse_config(data)  # was refused: "(0.3 s) must be at least 3 x period_s (0.3 s)"
+    short = {**data, "daemon": {**data["daemon"], "period_s": data["daemon"]["period_s"] * 1.01}}
+    with pytest.raises(ConfigError, match=field):
+        parse_config(short)
