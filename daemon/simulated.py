@@ -276,6 +276,7 @@ class SimulatedSource:
             request_generation_tokens_buckets=counters.output_lengths.buckets_le(),
             iterations_total=float(simulation.iterations),
             iteration_tokens_total=float(simulation.iteration_tokens),
+            model_name=o.model_name,
         )
 
 
