@@ -189,9 +189,9 @@ class ControllerContext:
         **more: Any,
     ) -> ControllerContext:
         """A simulated domain's context: the plant's clocks and GPUs (``replicas`` engines'
-        of them: a pool of data-parallel engines is one domain on a node), forecasts
-        declared from the workload, the plant itself for an ``mpc``; virtual time by
-        default."""
+        of them: a pool of data-parallel engines is one domain on a node), the SLOs its
+        profile states (as a simulated node's config states them), forecasts declared
+        from the workload, the plant itself for an ``mpc``; virtual time by default."""
         profile = plant.profile
         gpus = plant.tensor_parallel * max(1, replicas)
         values: dict[str, Any] = {
@@ -200,6 +200,8 @@ class ControllerContext:
             "gpu_names": (str(profile.manifest.get("gpu") or ""),) * gpus,
             "gpu_uuids": tuple(f"simulated-{i}" for i in range(gpus)),
             "gpu_count": gpus,
+            "ttft_slo_s": profile.ttft_slo_s,
+            "tpot_slo_s": profile.tpot_slo_s,
             "thermal_limit_c": plant.thermal_limit_c,
             "forecasts": Forecasts.from_workload(workload),
             "time_mode": time_mode,

@@ -1,0 +1,93 @@
+"""One governor path: every simulated run gives a controller the context a simulated node
+(``gpugov run --simulate``) gives it, so an outside controller's factory, and every
+kind, sees the same period, clocks, GPUs, SLOs, limits, forecasts and chain settings in
+``simulate``, a sweep's cell, the scoreboard and a fleet's node."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpugov.controllers.budget import SLOTarget
+from gpugov.daemon.cli_support import simulated_controller
+from gpugov.daemon.controller_spec import parse_controller_spec
+from gpugov.daemon.loop import VirtualClock
+from gpugov.daemon.safety import SafetySettings
+from gpugov.daemon.service import simulated_run
+from gpugov.plant import Request, ServingPlant, load_profile
+from gpugov.study.fleet.node import node_controller
+from gpugov.study.scoreboard.controllers import study_controller
+
+RECORDING = """
+seen = []
+
+
+def make(context):
+    seen.append(context)
+    top = max(context.supported_clocks_mhz)
+    return lambda observation: top
+"""
+
+SHARED = (
+    "period_s",
+    "supported_clocks_mhz",
+    "gpu_names",
+    "gpu_count",
+    "power_limit_w",
+    "ttft_slo_s",
+    "tpot_slo_s",
+    "thermal_limit_c",
+    "forecasts",
+    "time_mode",
+    "safety",
+    "slo_target",
+    "role",
+)
+"""What a controller may know that must be the same on every path (the GPUs' UUIDs, the
+domain's name and the budget guard are the node's own)."""
+
+
+@pytest.mark.parametrize("profile", ["h100-sxm-llama3-8b", "h100-sxm-llama3-70b-tp4"])
+def test_every_simulated_path_gives_the_context_of_a_simulated_node(
+    profile: str, module_on_path: Callable[[str, str], str]
+) -> None:
+    name = module_on_path("context_recording_governor", RECORDING)
+    spec = f"{name}:make"
+    plant = ServingPlant.from_profile(load_profile(profile))
+    workload = tuple(Request(i, 0.5 * i, 300 + 10 * i, 20) for i in range(8))
+    safety = SafetySettings(floor_mhz=900.0, dwell_s=1.0)
+    target = SLOTarget(attainment=0.95)
+    sim = simulated_run(
+        workload,
+        plant,
+        parse_controller_spec(spec),
+        VirtualClock(),
+        period_s=0.25,
+        safety=safety,
+        virtual_time=True,
+        slo_target=target,
+    )
+    sim.finish()
+    seen: list[Any] = sys.modules[name].seen
+    node = seen[-1]
+    simulated_controller(spec, plant, workload, 0.25, safety=safety, slo_target=target)
+    study_controller(
+        parse_controller_spec(spec),
+        plant,
+        workload,
+        control_period_s=0.25,
+        safety=safety,
+        slo_target=target,
+    )
+    node_controller(spec, plant, workload, 0.25, safety, target)
+    assert len(seen) == 4
+    assert node.ttft_slo_s == plant.profile.ttft_slo_s
+    assert node.tpot_slo_s == plant.profile.tpot_slo_s
+    for path, context in zip(("simulate", "scoreboard", "fleet"), seen[1:], strict=True):
+        for field in SHARED:
+            assert getattr(context, field) == getattr(node, field), (path, field)
+    assert {f.name for f in dataclasses.fields(node)} >= set(SHARED)
