@@ -353,7 +353,7 @@ class ClockActuator:
                 assert lowest is not None  # this lock's clock at least
                 self._maybe_held[label] = lowest
                 if lowest < clock_mhz:
-                    self._not_held_low(backend, lowest, clock_mhz)
+                    written += self._not_held_low(backend, lowest, clock_mhz)
                 elif self._lowers(backend, before[label], clock_mhz):
                     kept[label] = before[label]
                 continue
@@ -600,7 +600,7 @@ class ClockActuator:
                 continue
             except TransientGpuError as error:
                 writer.failed("reset", error)
-                self._top_instead(writer.backend)
+                written += self._top_instead(writer.backend)
                 continue
             except GpuError as error:
                 if writer.deadline_s is None:
@@ -629,49 +629,51 @@ class ClockActuator:
             " (logged once per GPU)" if first else "",
         )
 
-    def _not_held_low(self, backend: GpuBackend, held_mhz: int, clock_mhz: int) -> None:
+    def _not_held_low(self, backend: GpuBackend, held_mhz: int, clock_mhz: int) -> int:
         """A lock that raised the clock from ``held_mhz`` (or from what an earlier failed
         write may have locked) failed for now: reset the lock, so the GPU is not held at
         the lower clock until a lock goes through (a reset runs it at its default, top,
         clock). ``locked_mhz`` then says unlocked, and the next :meth:`apply` locks
-        again."""
+        again. Returns the writes that went through (0 or 1), counted as the lock's."""
         label = backend.label
         writer = self._writers[label]
         try:
             writer.write(None)
         except ClockWriteHung as error:
             self._write_hung(writer, "reset", error, _UNKNOWN, None)
-            return
+            return 0
         except GpuLost:
             raise
         except GpuError as error:  # still unknown: the next apply writes again
             log.debug(
                 "domain %s: GPU %s: reset after a failed lock failed: %s", self.domain, label, error
             )
-            return
+            return 0
         self._holds(backend, None)
         self._log_fallback(
             label,
             f"the lock could not be raised from {held_mhz} MHz to {clock_mhz} MHz; the lock was "
             "reset instead, so the GPU runs at its default clocks until a lock goes through",
         )
+        return 1
 
-    def _top_instead(self, backend: GpuBackend) -> None:
+    def _top_instead(self, backend: GpuBackend) -> int:
         """A reset (the fail-safe's ``unlock``) failed for now on a GPU held below its top
         clock (or at unknown clocks): lock the top clock instead, so the GPU is not held
-        low until a reset goes through (the next :meth:`unlock` tries again)."""
+        low until a reset goes through (the next :meth:`unlock` tries again). Returns the
+        writes that went through (0 or 1), counted as the reset's."""
         label = backend.label
         top = max(backend.supported_clocks_mhz())
         held = self.locked_mhz[label]
         if not self._held_low(label, top):
-            return
+            return 0
         low, high = self._range(backend, top)
         writer = self._writers[label]
         try:
             writer.write((low, high))
         except ClockWriteHung as error:
             self._write_hung(writer, "lock", error, held, top)
-            return
+            return 0
         except GpuLost:
             raise
         except GpuError as error:
@@ -682,13 +684,14 @@ class ClockActuator:
                 error,
             )
             self.locked_mhz[label] = _UNKNOWN
-            return
+            return 0
         self._holds(backend, (low, high))
         self._log_fallback(
             label,
             f"the lock could not be reset; locked at the top clock ({top} MHz) instead "
             "until a reset goes through",
         )
+        return 1
 
     def _held_low(self, label: str, top: int) -> bool:
         """Whether GPU ``label`` may be held below its ``top`` clock by a lock of gpugov's:

@@ -111,11 +111,12 @@ def test_a_raise_that_fails_resets_the_lock_rather_than_hold_it_low(
         actuator.apply(800)
         fake_nvml.fail("nvmlDeviceSetGpuLockedClocks", code, times=None)
         with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
-            for _ in range(5):  # the load came back; every lock write fails
-                assert actuator.apply(1980) == 0
+            # The load came back; every lock write fails: each GPU reset once, not every
+            # tick, and those resets are counted as the writes they are.
+            assert [actuator.apply(1980) for _ in range(5)] == [2, 0, 0, 0, 0]
         assert fake_nvml.locked(0) is None and fake_nvml.locked(1) is None  # not held at 800
         resets = [w for w in fake_nvml.writes if w[0] == "nvmlDeviceResetGpuLockedClocks"]
-        assert len(resets) == 2  # once per GPU, not every tick
+        assert len(resets) == 2 and actuator.writes == len(fake_nvml.writes) == 4
         assert actuator.write_failures == {"0": 5, "1": 5}
         reset_lines = [
             r.getMessage() for r in caplog.records if "was reset instead" in r.getMessage()
@@ -139,10 +140,10 @@ def test_a_failsafe_unlock_that_fails_locks_the_top_clock(fake_nvml: FakeNvml) -
     with ClockActuator(_backends(fake_nvml), domain="d") as actuator:
         actuator.apply(800)
         fake_nvml.fail("nvmlDeviceResetGpuLockedClocks", fp.NVML_ERROR_TIMEOUT, times=None)
-        assert actuator.unlock() == 0
+        assert actuator.unlock() == 2  # the top clock's locks, counted as writes
         assert fake_nvml.locked(0) == (1980, 1980) and fake_nvml.locked(1) == (1980, 1980)
         assert actuator.unlock() == 0  # held at the top already: no lock written again
-        assert len(fake_nvml.writes) == 4
+        assert len(fake_nvml.writes) == 4 == actuator.writes
         fake_nvml.clear_failures()
         assert actuator.unlock() == 2
     assert fake_nvml.locked(0) is None
@@ -257,9 +258,10 @@ def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
         ]
         lowered = [w for w in fake.writes if w[0] == "nvmlDeviceSetGpuLockedClocks" and w[2] == 900]
         assert len(lowered) == 3  # once; then GPU 2 is tried alone, the others left at 1980
+        assert actuator.writes == len(fake.writes) == 4 + 3 + 3  # the rollback counted
         fake.gpus[2].lock_error = None
         actuator.apply(900)
         assert _locks(fake) == [(900, 900)] * 4 and actuator.applied_mhz == 900
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
-        assert actuator.apply(1410) == 3  # a raise is never held back by a failing GPU
+        assert actuator.apply(1410) == 4  # a raise is never held back by a failing GPU
         assert _locks(fake)[:2] == [(1410, 1410)] * 2 and fake.locked(2) is None
