@@ -195,6 +195,36 @@ class PromptPerFirstToken:
 
 
 @dataclass
+class IntervalsPerFinishedRequest:
+    """TPOT judgements in requests from a histogram of inter-token intervals (SGLang's,
+    vLLM's without its per-request one): a reply's intervals come over the windows it
+    decodes in and its TPOT is judged when it finishes, so the intervals since the last
+    window that finished a request are judged as that window's finished requests, at the
+    share of them within the SLO. Counted as intervals, a window of ten replies read as
+    thousands of requests to the SLO budget, whose counts are requests."""
+
+    within: float = 0.0
+    count: float = 0.0
+
+    def update(
+        self, within: float, count: float, finished: float | None
+    ) -> tuple[float, float] | None:
+        """Fold one window in (its intervals within the SLO, its intervals, the requests
+        it finished); ``(within, judged)`` in requests, None where no request finished
+        after an interval (or the finished count is unknown: the carry restarts)."""
+        if finished is None or not math.isfinite(finished) or finished < 0.0:
+            self.within = self.count = 0.0
+            return None
+        self.within += within
+        self.count += count
+        if finished <= 0.0 or self.count <= 0.0:
+            return None
+        judged = (finished * min(1.0, max(0.0, self.within / self.count)), finished)
+        self.within = self.count = 0.0
+        return judged
+
+
+@dataclass
 class AttainmentEstimator:
     """Cumulative SLO counters of one engine, from its histograms (module notes).
 
@@ -218,6 +248,7 @@ class AttainmentEstimator:
         self._ttft_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
         self._tpot_alone: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
         self._lone_prompts: deque[float] = deque(maxlen=KNOWN_VALUES_KEPT)
+        self._intervals = IntervalsPerFinishedRequest()
 
     def add_window(
         self,
@@ -226,11 +257,16 @@ class AttainmentEstimator:
         prompt_tokens: float | None,
         ttft_sum_s: float | None = None,
         tpot_sum_s: float | None = None,
+        *,
+        tpot_per_interval: bool = False,
+        finished: float | None = None,
     ) -> None:
         """Fold one window's histograms (:func:`bucket_delta`) and prompt tokens in;
         their window ``_sum`` s, where known, place the observations of the bucket that
         holds the SLO (:func:`within_window`). A window without TTFT buckets (None) carries
-        none of its prompt tokens to the next."""
+        none of its prompt tokens to the next. ``tpot_per_interval``: the TPOT histogram
+        observes every inter-token interval, judged as the ``finished`` requests of the
+        window (:class:`IntervalsPerFinishedRequest`)."""
         first_tokens = total(ttft) if ttft is not None else 0.0
         # A window without its TTFT histogram lost its first tokens: its prompt tokens are
         # theirs, not to be carried to the next window's (a longer SLO than their own).
@@ -248,12 +284,17 @@ class AttainmentEstimator:
             self.ttft_within = (self.ttft_within or 0.0) + within
             self.ttft_count = (self.ttft_count or 0.0) + first_tokens
             _keep_alone(self._ttft_alone, ttft, ttft_sum_s)
-        if tpot is not None and self.tpot_slo_s is not None:
-            self.tpot_within = (self.tpot_within or 0.0) + within_window(
-                tpot, self.tpot_slo_s, tpot_sum_s, self._tpot_alone
-            )
-            self.tpot_count = (self.tpot_count or 0.0) + total(tpot)
-            _keep_alone(self._tpot_alone, tpot, tpot_sum_s)
+        if tpot is None or self.tpot_slo_s is None:
+            self._intervals.update(0.0, 0.0, None)  # their replies' intervals are lost
+            return
+        within = within_window(tpot, self.tpot_slo_s, tpot_sum_s, self._tpot_alone)
+        count = total(tpot)
+        _keep_alone(self._tpot_alone, tpot, tpot_sum_s)
+        if tpot_per_interval:
+            judged = self._intervals.update(within, count, finished)
+            within, count = judged if judged is not None else (0.0, 0.0)
+        self.tpot_within = (self.tpot_within or 0.0) + within
+        self.tpot_count = (self.tpot_count or 0.0) + count
 
     def _within_split(
         self, ttft: Buckets, sum_s: float | None, mean: float, count: float, allowance: float
@@ -288,6 +329,7 @@ def _keep_alone(kept: deque[float], buckets: Buckets, sum_s: float | None) -> No
 __all__ = [
     "AttainmentEstimator",
     "Buckets",
+    "IntervalsPerFinishedRequest",
     "PromptPerFirstToken",
     "bucket_counts",
     "bucket_delta",

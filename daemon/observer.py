@@ -860,6 +860,10 @@ class DomainObserver:
                     None
                     if engine.tpot_buckets_sum_s is None or base.tpot_buckets_sum_s is None
                     else engine.tpot_buckets_sum_s - base.tpot_buckets_sum_s,
+                    tpot_per_interval=not engine.tpot_buckets_per_request,
+                    finished=None
+                    if finished is None or base.finished_requests_total is None
+                    else finished - base.finished_requests_total,
                 )
         counts = self.attainment
         exact = engine.ttft_count_total is not None or engine.tpot_count_total is not None

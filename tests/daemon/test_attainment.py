@@ -11,8 +11,10 @@ import pytest
 from daemon_support import fixture_text
 from synthetic import IdleGpu
 
+from gpugov.controllers.budget import AttainmentBudget, SLOTarget
 from gpugov.daemon.attainment import (
     AttainmentEstimator,
+    IntervalsPerFinishedRequest,
     PromptPerFirstToken,
     bucket_delta,
     count_within,
@@ -373,11 +375,20 @@ def test_the_estimate_stays_within_each_windows_count_on_random_windows() -> Non
             assert -1e-9 <= gained <= count + 1e-9, (case, tpot)
 
 
-def _sglang_page_grown(first_token_s: float | None, prompt_tokens: float, done: int) -> str:
+def _sglang_page_grown(
+    first_token_s: float | None,
+    prompt_tokens: float,
+    done: int,
+    intervals: tuple[float, float] | None = None,
+    finished: float = 0.0,
+) -> str:
     """The real SGLang page after ``done`` windows, each adding ``prompt_tokens`` to the
-    prompt counter and (``first_token_s`` not None) one first token of that TTFT."""
+    prompt counter, (``first_token_s`` not None) one first token of that TTFT and
+    (``intervals`` not None) that many inter-token intervals of 0.03 s and of 0.09 s,
+    and ``finished`` requests."""
     lines = []
     grown = 0 if first_token_s is None else done
+    fast, slow = intervals or (0.0, 0.0)
     for line in fixture_text("sglang_real.txt").splitlines():
         if line.startswith("#") or " " not in line:
             lines.append(line)
@@ -386,6 +397,15 @@ def _sglang_page_grown(first_token_s: float | None, prompt_tokens: float, done: 
         number = float(value)
         if name.startswith("sglang:prompt_tokens_total"):
             number += prompt_tokens * done
+        elif name.startswith("sglang:e2e_request_latency_seconds_count"):
+            number += finished * done
+        elif name.startswith("sglang:time_per_output_token_seconds_bucket"):
+            le = float(name.split('le="')[1].split('"')[0].replace("Inf", "inf"))
+            number += done * ((fast if le >= 0.03 else 0.0) + (slow if le >= 0.09 else 0.0))
+        elif name.startswith("sglang:time_per_output_token_seconds_count"):
+            number += done * (fast + slow)
+        elif name.startswith("sglang:time_per_output_token_seconds_sum"):
+            number += done * (0.03 * fast + 0.09 * slow)
         elif name.startswith("sglang:time_to_first_token_seconds_bucket"):
             le = float(name.split('le="')[1].split('"')[0].replace("Inf", "inf"))
             number += grown if first_token_s is not None and first_token_s <= le else 0
@@ -419,3 +439,42 @@ def test_sglang_prompts_counted_at_their_finish_do_not_lengthen_a_first_tokens_s
     assert last.ttft_count_total == 2.0
     assert last.ttft_within_slo_total == 0.0
     assert last.ttft_recent_prompt_tokens is None
+
+
+def test_an_inter_token_histogram_counts_tpot_judgements_in_requests() -> None:
+    """SGLang's TPOT histogram observes every inter-token interval: its counts are tokens,
+    and the SLO budget's window, which counts requests by them where TTFT is not judged
+    (a decode pool, a TPOT-only SLO), took 2,000 intervals of 10 replies for 2,000
+    requests (at 99 %, 20 misses allowed where a tenth of one is). The window's finished
+    requests are its judgements, at the share of its intervals within the SLO."""
+    pages = iter(
+        [
+            _sglang_page_grown(None, 0.0, done, intervals=(1_900.0, 100.0), finished=10.0)
+            for done in range(3)
+        ]
+    )
+    observer = DomainObserver(
+        [IdleGpu()],
+        SglangSource("x", fetch=lambda url, t: next(pages)),
+        stale_after_s=3.0,
+        ttft_slo_s=None,
+        tpot_slo_s=0.05,
+    )
+    observations = [observer.observe(float(t), t, None).observation for t in range(3)]
+    last = observations[-1]
+    assert last.tpot_count_total == pytest.approx(20.0)  # ten replies a window
+    assert last.tpot_within_slo_total == pytest.approx(19.0)  # 95 % of their intervals
+    budget = AttainmentBudget(SLOTarget(attainment=0.99, window_s=600.0))
+    for observation in observations:
+        budget.update(observation)
+    assert budget.last is not None and budget.last.requests == pytest.approx(10.0)
+    assert not budget.ahead  # a tenth of a miss allowed: too few requests to tell
+
+
+def test_a_replys_intervals_are_judged_when_it_finishes() -> None:
+    intervals = IntervalsPerFinishedRequest()
+    assert intervals.update(90.0, 100.0, 0.0) is None  # decoding, none finished yet
+    assert intervals.update(60.0, 100.0, 2.0) == (1.5, 2.0)  # 150 of 200 within
+    assert intervals.update(0.0, 0.0, 1.0) is None  # a one-token reply: no TPOT
+    assert intervals.update(10.0, 10.0, None) is None  # finished unknown: carry restarts
+    assert intervals.update(0.0, 10.0, 1.0) == (0.0, 1.0)
