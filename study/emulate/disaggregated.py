@@ -43,7 +43,14 @@ from typing import Any
 
 from gpugov.plant import ServingPlant
 from gpugov.plant.disaggregated_layout import INTERCONNECTS, DisaggregatedPlant, PoolSpec
-from gpugov.study.emulate.metrics import _histogram, _labels, _number, render_metrics
+from gpugov.study.emulate.metrics import (
+    _histogram,
+    _labels,
+    _number,
+    created,
+    family,
+    render_metrics,
+)
 from gpugov.study.emulate.node import EmulatedNode, EnergyRecord, Histogram, Stream
 
 COLOCATED = "colocated"
@@ -414,17 +421,13 @@ def render_pool_metrics(
     engines = node.pool_replicas(role) if replicas is None else tuple(replicas)
     page = render_metrics(node, model, replicas=engines)
     lines: list[str] = []
-
-    def family(name: str, kind: str, help_text: str) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
+    made = node.created_unix_s
+    every_engine = [_labels(model, engine) for engine in range(len(engines))]
 
     with node.lock:
-        family(
-            "vllm:prompt_tokens_by_source",
-            "counter",
-            "Number of prompt tokens by source.",
-        )
+        by_source_help = "Number of prompt tokens by source."
+        family(lines, "vllm:prompt_tokens_by_source", "counter", by_source_help)
+        by_source: list[str] = []
         for engine, replica in enumerate(engines):
             external = node.transfers[replica].external_prompt_tokens if role == "decode" else 0
             local = node.stats[replica].prompt_tokens - external
@@ -434,9 +437,12 @@ def render_pool_metrics(
                 ("external_kv_transfer", external),
             ):
                 labels = _labels(model, engine, source=source)
+                by_source.append(labels)
                 lines.append(f"vllm:prompt_tokens_by_source_total{{{labels}}} {_number(value)}")
+        created(lines, "vllm:prompt_tokens_by_source", by_source_help, by_source, made)
         if role == "decode":
             family(
+                lines,
                 "vllm:num_requests_waiting_by_reason",
                 "gauge",
                 "Number of waiting requests by reason.",
@@ -461,23 +467,21 @@ def render_pool_metrics(
                     "Histogram of bytes transferred per NIXL KV Cache transfers.",
                 ),
             ):
-                family(name, "histogram", help_text)
+                family(lines, name, "histogram", help_text)
                 for engine, replica in enumerate(engines):
                     _histogram(
                         lines,
                         name,
-                        _labels(model, engine),
+                        every_engine[engine],
                         getattr(node.transfers[replica], attribute),
                     )
-            family(
-                "vllm:nixl_num_failed_transfers",
-                "counter",
-                "Number of failed NIXL KV Cache transfers.",
+                created(lines, name, help_text, every_engine, made)
+            failed_help = "Number of failed NIXL KV Cache transfers."
+            family(lines, "vllm:nixl_num_failed_transfers", "counter", failed_help)
+            lines.extend(
+                f"vllm:nixl_num_failed_transfers_total{{{labels}}} 0.0" for labels in every_engine
             )
-            for engine, _replica in enumerate(engines):
-                lines.append(
-                    f"vllm:nixl_num_failed_transfers_total{{{_labels(model, engine)}}} 0.0"
-                )
+            created(lines, "vllm:nixl_num_failed_transfers", failed_help, every_engine, made)
     return page + "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,10 @@
 Names, labels (``model_name``, ``engine``; ``finished_reason`` on successes) and histogram
 buckets are vLLM V1's (``vllm/v1/metrics/loggers.py``), so anything that scrapes a real
 vLLM (gpugov's ``VllmSource``, Prometheus rules, dashboards) reads this page unchanged.
+The families are written as vLLM's prometheus_client writes them: a counter's ``# HELP``
+and ``# TYPE`` under its sample name (``vllm:prompt_tokens_total``), and after each
+counter and histogram its ``_created`` gauge (``vllm:prompt_tokens_created``,
+``vllm:iteration_tokens_total_created``), one sample per series.
 """
 
 from __future__ import annotations
@@ -27,6 +31,23 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
+def family(lines: list[str], name: str, kind: str, help_text: str) -> None:
+    """A family's ``# HELP`` and ``# TYPE`` lines as prometheus_client writes them: a
+    counter's under its sample name, ``name_total``, so a strict parser types its samples."""
+    typed = f"{name}_total" if kind == "counter" else name
+    lines.append(f"# HELP {typed} {help_text}")
+    lines.append(f"# TYPE {typed} {kind}")
+
+
+def created(
+    lines: list[str], name: str, help_text: str, labels: Sequence[str], unix_s: float
+) -> None:
+    """The ``name_created`` gauge prometheus_client writes after a counter or histogram
+    ``name``: when each of its series (``labels``, one per series) was made."""
+    family(lines, f"{name}_created", "gauge", help_text)
+    lines.extend(f"{name}_created{{{series}}} {_number(unix_s)}" for series in labels)
+
+
 def _histogram(lines: list[str], name: str, labels: str, histogram: Histogram) -> None:
     cumulative = histogram.cumulative()
     for bound, count in zip(histogram.buckets, cumulative, strict=False):
@@ -45,18 +66,18 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
     engines = range(len(served))  # the page's engine labels
     kv_capacity = node.plant.kv_capacity_tokens
     lines: list[str] = []
+    made = node.created_unix_s
+    every_engine = [_labels(model, r) for r in engines]
 
-    def family(name: str, kind: str, help_text: str) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-
-    def per_replica(
-        name: str, kind: str, help_text: str, values: Sequence[float], suffix: str = ""
-    ) -> None:
-        """One family with one sample per replica (counters' samples end in ``_total``)."""
-        family(name, kind, help_text)
+    def per_replica(name: str, kind: str, help_text: str, values: Sequence[float]) -> None:
+        """One family with one sample per replica (a counter's end in ``_total`` and are
+        stamped ``_created``)."""
+        family(lines, name, kind, help_text)
+        suffix = "_total" if kind == "counter" else ""
         for r in engines:
-            lines.append(f"{name}{suffix}{{{_labels(model, r)}}} {_number(values[r])}")
+            lines.append(f"{name}{suffix}{{{every_engine[r]}}} {_number(values[r])}")
+        if kind == "counter":
+            created(lines, name, help_text, every_engine, made)
 
     per_replica(
         "vllm:num_requests_running",
@@ -76,7 +97,7 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
         "KV-cache usage. 1 means 100 percent usage.",
         [state["kv_usage"] for state in states],
     )
-    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    family(lines, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
     for r in engines:
         # vLLM's info gauge has the cache config's fields and ``engine``, no model_name.
         fields = {
@@ -98,33 +119,31 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
             "counter",
             "Cumulative number of preemption from the engine.",
             preemptions,
-            "_total",
         )
         per_replica(
             "vllm:prompt_tokens",
             "counter",
             "Number of prefill tokens processed.",
             [stat.prompt_tokens for stat in stats],
-            "_total",
         )
         per_replica(
             "vllm:generation_tokens",
             "counter",
             "Number of generation tokens processed.",
             [stat.generation_tokens for stat in stats],
-            "_total",
         )
-        family("vllm:request_success", "counter", "Count of successfully processed requests.")
+        success_help = "Count of successfully processed requests."
+        family(lines, "vllm:request_success", "counter", success_help)
+        by_reason: list[str] = []
         for r in engines:
             for reason, count in sorted(stats[r].finished.items()):
                 labels = _labels(model, r, finished_reason=reason)
+                by_reason.append(labels)
                 lines.append(f"vllm:request_success_total{{{labels}}} {_number(count)}")
+        created(lines, "vllm:request_success", success_help, by_reason, made)
         # Engine steps by tokens run (running counts kept by the simulation).
-        family(
-            "vllm:iteration_tokens_total",
-            "histogram",
-            "Histogram of number of tokens per engine_step.",
-        )
+        steps_help = "Histogram of number of tokens per engine_step."
+        family(lines, "vllm:iteration_tokens_total", "histogram", steps_help)
         for r, replica in enumerate(served):
             simulation = node.simulations[replica]
             steps = Histogram.of(
@@ -132,7 +151,8 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
                 simulation.iteration_token_counts(),
                 simulation.iteration_tokens,
             )
-            _histogram(lines, "vllm:iteration_tokens_total", _labels(model, r), steps)
+            _histogram(lines, "vllm:iteration_tokens_total", every_engine[r], steps)
+        created(lines, "vllm:iteration_tokens_total", steps_help, every_engine, made)
         for name, attribute, help_text in (
             (
                 "vllm:time_to_first_token_seconds",
@@ -160,7 +180,8 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
                 "Number of generation tokens processed.",
             ),
         ):
-            family(name, "histogram", help_text)
+            family(lines, name, "histogram", help_text)
             for r in engines:
-                _histogram(lines, name, _labels(model, r), getattr(stats[r], attribute))
+                _histogram(lines, name, every_engine[r], getattr(stats[r], attribute))
+            created(lines, name, help_text, every_engine, made)
     return "\n".join(lines) + "\n"

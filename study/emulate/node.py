@@ -269,6 +269,9 @@ class EmulatedNode:
         self.tick_s = float(tick_s)
         self._clock = clock
         self._start_wall_s = clock()
+        self.created_unix_s = time.time()
+        """When the node's series were made (Unix seconds): each counter's and histogram's
+        ``_created`` sample on its page, as prometheus_client stamps them."""
         self.lock = threading.RLock()
         self.tensor_parallel = tp
         """GPUs per engine replica (one tensor-parallel group)."""

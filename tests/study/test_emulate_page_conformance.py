@@ -74,3 +74,48 @@ def test_request_length_buckets_end_at_the_model_length_as_vllms_do() -> None:
             if sample.name == f"{name}_bucket" and sample.labels["le"] != "+Inf"
         ]
         assert bounds == _vllm_1_2_5_buckets(8192), name
+
+
+def _pages() -> dict[str, str]:
+    """The colocated page and a disaggregated node's two pool pages, a model name with a
+    quote and a backslash on each."""
+    from gpugov.study.emulate.disaggregated import DisaggregatedNode, render_pool_metrics
+
+    model = 'org/we"ird\\model'
+    pools = DisaggregatedNode(make_plant(), prefill_replicas=1, decode_replicas=1)
+    return {
+        "colocated": render_metrics(EmulatedNode(make_plant(), gpus=2), model),
+        "prefill": render_pool_metrics(pools, model, "prefill"),
+        "decode": render_pool_metrics(pools, model, "decode"),
+    }
+
+
+def test_counters_are_typed_and_stamped_as_prometheus_client_writes_them() -> None:
+    """A counter's ``# TYPE`` named ``vllm:prompt_tokens`` where vLLM's (prometheus_client)
+    names ``vllm:prompt_tokens_total``, so a strict parser typed every counter sample
+    ``unknown``; and no counter or histogram had the ``_created`` gauge a real page has."""
+    for where, page in _pages().items():
+        families = {family.name: family for family in text_string_to_metric_families(page)}
+        kinds = {name: family.type for name, family in families.items()}
+        assert "unknown" not in kinds.values(), (where, kinds)
+        counters = [name for name, kind in kinds.items() if kind == "counter"]
+        histograms = [name for name, kind in kinds.items() if kind == "histogram"]
+        assert "vllm:prompt_tokens" in counters and "vllm:request_success" in counters
+        assert "vllm:time_to_first_token_seconds" in histograms
+        for name in counters:
+            assert f"# TYPE {name}_total counter" in page, (where, name)
+            assert {s.name for s in families[name].samples} == {f"{name}_total"}, name
+        for name in counters + histograms:
+            created = families.get(f"{name}_created")
+            assert created is not None and created.type == "gauge", (where, name)
+            stamped = [{k: v for k, v in s.labels.items() if k != "le"} for s in created.samples]
+            series = [
+                {k: v for k, v in s.labels.items() if k != "le"}
+                for s in families[name].samples
+                if not s.name.endswith("_bucket") or s.labels["le"] == "+Inf"
+            ]
+            if kinds[name] == "histogram":
+                series = series[::3]  # each series' +Inf bucket, _count, _sum
+            assert stamped == series, (where, name)
+            assert all(s.labels["model_name"] == 'org/we"ird\\model' for s in created.samples)
+            assert all(s.value > 1.0e9 for s in created.samples), (where, name)
