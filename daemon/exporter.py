@@ -478,6 +478,12 @@ class SnapshotCollector(Collector):
             if not model:
                 continue
             key = [s.domain]
+            for name, value in _items(model.get("slo_budget")):
+                number = _real(value)
+                if name in budget and number is not None:
+                    budget[name].add_metric(key, number)
+            if set(model) <= {"slo_budget"}:
+                continue  # an SLO budget without a learned model (mpc)
             for family, value, scale in (
                 (samples, model.get("samples", 0), 1.0),
                 (confidence, model.get("confidence", 0.0), 1.0),
@@ -507,10 +513,6 @@ class SnapshotCollector(Collector):
                 number = _real(value)
                 if number is not None:
                     family.add_metric(key, number)
-            for name, value in _items(model.get("slo_budget")):
-                number = _real(value)
-                if name in budget and number is not None:
-                    budget[name].add_metric(key, number)
         yield samples
         yield from residuals.values()
         yield from (confidence, exploring, warmup, floor, guard, descent, efficiency)

@@ -650,6 +650,11 @@ class MPCController:
             self._power_need = need_from_problem(self.last_problem)
         return self._power_need
 
+    def status(self) -> dict[str, Any]:
+        """What a node exports of it: the SLO target's budget (target, measured attainment,
+        looseness) where it spends one, as ``mpc-online``'s status says it; else nothing."""
+        return {} if self.slo_budget is None else {"slo_budget": self.slo_budget.status()}
+
     def diagnostics(self) -> MPCDiagnostics:
         """Solve times, success and fallback counts (by reason) so far."""
         return MPCDiagnostics(

@@ -669,3 +669,46 @@ def test_an_outside_controllers_hung_status_does_not_hold_the_loop(
     assert len(pages) == 4
     hung = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert len(hung) == 1, hung  # blocked, each tick waited for it and nothing was said
+
+
+def test_an_mpc_domains_slo_target_is_exported_without_a_learned_models_gauges(
+    vllm_server: MetricsServer,
+) -> None:
+    """``mpc`` spends an SLO target's budget as ``mpc-online`` does: its target, measured
+    attainment and looseness are exported (nothing was: only a learner's status reached
+    the page), and none of a learned model's gauges, which it has not."""
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "ttft_slo_s": 1.0,
+                    "tpot_slo_s": 0.05,
+                    "slo_target": {"attainment": 0.95, "window_s": 60.0},
+                    "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.9},
+                    "controller": {"kind": "mpc", "profile": "h100-sxm-llama3-8b"},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=FakeNvml(1))
+    domain = assembled.domains[0]
+    try:
+        run_ticks([domain], 3)
+        collector = SnapshotCollector()
+        collector.publish([domain.snapshot()], LoopSnapshot())
+        registry = CollectorRegistry()
+        registry.register(collector)
+        names = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples
+        }
+    finally:
+        assembled.close()
+    assert names["gpugov_model_slo_target_ratio"] == 0.95
+    assert names["gpugov_model_slo_looseness_ratio"] == 1.0
+    assert "gpugov_model_samples_total" not in names
+    assert "gpugov_model_warmup_active" not in names
