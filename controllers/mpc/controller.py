@@ -250,6 +250,8 @@ class MPCController:
             )
         self.solve_budget_evaluations = solve_budget_evaluations
         self.plant = plant
+        self._stated_plant: ServingPlant | None = None
+        """:attr:`plant` at the thermal limit the node last stated (:meth:`planning_plant`)."""
         self.horizon_steps = int(np.ceil(horizon_s / control_period_s))
         self.control_period_s = float(control_period_s)
         self.solve_time_limit_s = float(solve_time_limit_s)
@@ -392,10 +394,28 @@ class MPCController:
             return self.last_temperature_c
         return float(self.plant.ambient_temperature_c)
 
+    def planning_plant(self, observation: ServingObservation) -> ServingPlant:
+        """:attr:`plant` held to the thermal limit the node states (the observation's, a
+        domain's ``thermal_limit_c``) where it is one the plant's ambient lies under; the
+        profile's own limit otherwise."""
+        plant = self.plant
+        limit = observation.thermal_limit_c
+        if (
+            limit is None
+            or not math.isfinite(limit)
+            or limit == plant.thermal_limit_c
+            or limit <= plant.ambient_temperature_c
+        ):
+            return plant
+        stated = self._stated_plant
+        if stated is None or stated.thermal_limit_c != limit:
+            stated = self._stated_plant = plant.with_overrides(thermal_limit_c=float(limit))
+        return stated
+
     def problem(self, observation: ServingObservation, arrival_rate: float) -> MPCProblem:
         """The horizon problem for ``observation`` and an arrival-rate estimate (req/s)."""
         return MPCProblem(
-            plant=self.plant,
+            plant=self.planning_plant(observation),
             control_period_s=self.control_period_s,
             initial_prefill_tokens=observation.prefill_remaining_tokens,
             initial_decode_tokens=estimate_decode_remaining_tokens(

@@ -1,0 +1,50 @@
+"""Controllers under the node's stated limits: the thermal limit a domain configures
+(the observation's ``thermal_limit_c``) is the one a controller plans to."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpugov.controllers.mpc.controller import MPCController
+from gpugov.plant import ServingPlant, load_profile
+from gpugov.plant.types import ServingObservation
+
+
+def _hot_observation(time_s: float, limit_c: float | None) -> ServingObservation:
+    """A loaded GPU at 59.9 C (the profile's limit is 87 C)."""
+    return ServingObservation(
+        time_s=time_s,
+        step_index=int(time_s),
+        arrived_requests=100,
+        prefill_remaining_tokens=2_000.0,
+        decode_active=64,
+        generated_decode_tokens=0.0,
+        temperature_c=59.9,
+        requested_clock_mhz=1980.0,
+        thermal_limit_c=limit_c,
+    )
+
+
+@pytest.mark.parametrize("kind", ["seed", "iteration"])
+def test_mpc_plans_to_the_thermal_limit_the_node_states(kind: str) -> None:
+    """A domain's thermal_limit_c of 60 C, 0.1 C above the die: the top clock's draw
+    would pass it within the horizon, so the MPC plans a lower clock than under the
+    profile's 87 C (it planned the top clock under both: the stated limit never reached
+    its model)."""
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    assert plant.thermal_limit_c == 87.0
+
+    def decisions(limit_c: float | None) -> list[float]:
+        controller = MPCController(
+            plant, horizon_s=5.0, latency_model=kind, solve_time_limit_s=60.0
+        )
+        return [controller(_hot_observation(float(t), limit_c)) for t in range(3)]
+
+    free = decisions(None)
+    assert free == decisions(87.0)  # the profile's own limit stated: the same plans
+    held = decisions(60.0)
+    assert max(held) < min(free)
+    # The problem it priced holds the stated limit; the controller's plant is unchanged.
+    controller = MPCController(plant, horizon_s=5.0, latency_model=kind)
+    problem = controller.problem(_hot_observation(0.0, 60.0), 1.0)
+    assert problem.plant.thermal_limit_c == 60.0 and controller.plant is plant
