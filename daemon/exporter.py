@@ -318,7 +318,12 @@ class SnapshotCollector(Collector):
         running = _gauge("gpugov_queue_running_requests", "Requests running in the engine", d)
         ttft = _gauge("gpugov_ttft_seconds", "Mean time to first token over the last tick", d)
         tpot = _gauge("gpugov_tpot_seconds", "Mean time per output token over the last tick", d)
-        ttft_slo = _gauge("gpugov_ttft_slo_seconds", "TTFT service-level objective", d)
+        ttft_slo = _gauge(
+            "gpugov_ttft_slo_seconds",
+            "TTFT service-level objective of the last tick's first tokens (the flat SLO plus "
+            "the per-prompt allowance at their mean prompt, where known)",
+            d,
+        )
         tpot_slo = _gauge("gpugov_tpot_slo_seconds", "TPOT service-level objective", d)
         domain_power = _gauge("gpugov_domain_power_watts", "Summed power of the domain's GPUs", d)
         role = _gauge(
@@ -371,7 +376,7 @@ class SnapshotCollector(Collector):
                 for family, value in (
                     (ttft, o.ttft_recent_s),
                     (tpot, o.tpot_recent_s),
-                    (ttft_slo, o.ttft_slo_s),
+                    (ttft_slo, o.ttft_recent_slo_s),
                     (tpot_slo, o.tpot_slo_s),
                     (domain_power, o.power_w),
                 ):

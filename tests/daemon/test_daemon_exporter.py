@@ -300,15 +300,11 @@ def test_health_allows_three_periods_of_a_slow_loop_and_the_start() -> None:
 
 def _lock_gauges(snapshot: DomainSnapshot) -> dict[str, float]:
     """``gpugov_clock_locked`` and ``gpugov_applied_clock_hertz`` as a scrape shows them."""
-    collector = SnapshotCollector()
-    collector.publish([snapshot], LoopSnapshot())
-    registry = CollectorRegistry()
-    registry.register(collector)
+    published = _published(snapshot)
     return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(generate_latest(registry).decode())
-        for sample in family.samples
-        if sample.name in ("gpugov_clock_locked", "gpugov_applied_clock_hertz")
+        name: published[name]
+        for name in ("gpugov_clock_locked", "gpugov_applied_clock_hertz")
+        if name in published
     }
 
 
@@ -697,18 +693,44 @@ def test_an_mpc_domains_slo_target_is_exported_without_a_learned_models_gauges(
     domain = assembled.domains[0]
     try:
         run_ticks([domain], 3)
-        collector = SnapshotCollector()
-        collector.publish([domain.snapshot()], LoopSnapshot())
-        registry = CollectorRegistry()
-        registry.register(collector)
-        names = {
-            sample.name: sample.value
-            for family in text_string_to_metric_families(generate_latest(registry).decode())
-            for sample in family.samples
-        }
+        names = _published(domain.snapshot())
     finally:
         assembled.close()
     assert names["gpugov_model_slo_target_ratio"] == 0.95
     assert names["gpugov_model_slo_looseness_ratio"] == 1.0
     assert "gpugov_model_samples_total" not in names
     assert "gpugov_model_warmup_active" not in names
+
+
+def _published(snapshot: DomainSnapshot) -> dict[str, float]:
+    """The domain samples a scrape of ``snapshot`` shows, by name."""
+    collector = SnapshotCollector()
+    collector.publish([snapshot], LoopSnapshot())
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for sample in family.samples
+    }
+
+
+def test_the_ttft_slo_published_is_that_of_the_ticks_first_tokens() -> None:
+    """``gpugov_ttft_seconds`` is the tick's mean first token, and the recording rule
+    ``domain:gpugov_slo_met:bool`` judges it against ``gpugov_ttft_slo_seconds``: under a
+    per-prompt allowance that is their SLO (the flat one plus the allowance at their mean
+    prompt). The flat SLO alone judged a long prompt's first token within its own SLO a
+    miss, and GpugovSLOAttainmentLow fired on a node meeting every SLO."""
+    snapshot = _snapshot()
+    assert snapshot.observation is not None
+    long_prompts = replace(
+        snapshot.observation,
+        ttft_recent_s=1.8,
+        ttft_slo_per_prompt_token_s=5e-5,
+        ttft_recent_prompt_tokens=20_000.0,
+    )
+    published = _published(replace(snapshot, observation=long_prompts))
+    assert published["gpugov_ttft_seconds"] == 1.8
+    assert published["gpugov_ttft_slo_seconds"] == pytest.approx(2.0)  # 1 s + 20k x 50 us
+    unknown = replace(long_prompts, ttft_recent_prompt_tokens=None)
+    assert _published(replace(snapshot, observation=unknown))["gpugov_ttft_slo_seconds"] == 1.0

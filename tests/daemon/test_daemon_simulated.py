@@ -113,7 +113,7 @@ def test_virtual_minutes_match_plant_simulate_and_metrics_are_live(
         )
         assert values[("gpugov_loop_ticks_total", None)] == record.step + 1
         # The plant's TTFT SLO grows with the window's mean prompt (per-token allowance).
-        assert values[("gpugov_ttft_slo_seconds", None)] == pytest.approx(o.ttft_slo_s)
+        assert values[("gpugov_ttft_slo_seconds", None)] == pytest.approx(o.ttft_recent_slo_s)
         assert o.ttft_slo_s is not None and o.ttft_slo_s >= plant.profile.ttft_slo_s
 
     # The actuator reset the simulated GPU (to the maximum) after the result was frozen.
