@@ -396,15 +396,18 @@ class MPCController:
 
     def planning_plant(self, observation: ServingObservation) -> ServingPlant:
         """:attr:`plant` held to the thermal limit the node states (the observation's, a
-        domain's ``thermal_limit_c``) where it is one the plant's ambient lies under; the
-        profile's own limit otherwise."""
+        domain's ``thermal_limit_c``) where some clock holds it: above the temperature the
+        GPU idles at at its lowest clock. Else the profile's own limit (no clock would keep
+        the die under the stated one, and planning to it would lock the lowest clock)."""
         plant = self.plant
         limit = observation.thermal_limit_c
         if (
             limit is None
             or not math.isfinite(limit)
             or limit == plant.thermal_limit_c
-            or limit <= plant.ambient_temperature_c
+            or limit
+            <= plant.ambient_temperature_c
+            + plant.thermal_resistance_c_per_w * float(np.min(plant.profile.idle_power_w))
         ):
             return plant
         stated = self._stated_plant

@@ -44,6 +44,9 @@ def test_mpc_plans_to_the_thermal_limit_the_node_states(kind: str) -> None:
     assert free == decisions(87.0)  # the profile's own limit stated: the same plans
     held = decisions(60.0)
     assert max(held) < min(free)
+    # 35 C is under the 38.4 C the GPU idles at at its lowest clock: no clock holds it,
+    # and the MPC plans to the profile's limit rather than lock the lowest clock.
+    assert decisions(35.0) == free
     # The problem it priced holds the stated limit; the controller's plant is unchanged.
     controller = MPCController(plant, horizon_s=5.0, latency_model=kind)
     problem = controller.problem(_hot_observation(0.0, 60.0), 1.0)
