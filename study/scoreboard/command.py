@@ -59,6 +59,7 @@ from gpugov.study.scoreboard.scenarios import (
     BenchConfig,
     _full_trace,
     keep_full_trace,
+    layout_profiles,
 )
 from gpugov.study.scoreboard.windows import overlap_lines, window_lines, window_starts
 
@@ -91,8 +92,13 @@ def config_for(
     windows: int | None = None,
     engine_view: str | None = None,
     outside_controllers: Sequence[str] | None = None,
+    layout: str = "colocated",
 ) -> BenchConfig:
     """The full, ``--quick`` or hidden ``--tiny`` configuration with overrides.
+
+    ``floor_mhz`` is checked against the top clock of every profile ``layout`` runs
+    (:func:`layout_profiles`: the disaggregated board's own unless ``profiles`` names
+    them).
 
     ``outside_controllers``: ``--controller`` specs of other packages' controllers, each
     scored as one more row; a built-in kind (already a row), a factory that does not load
@@ -148,7 +154,9 @@ def config_for(
     if floor_mhz is not None:
         if not math.isfinite(floor_mhz) or floor_mhz <= 0.0:
             raise ValueError(f"--floor must be a positive clock, got {floor_mhz!r}")
-        for name in changes.get("profiles", config.profiles):
+        for name in layout_profiles(
+            layout, changes.get("profiles", config.profiles), named=bool(profiles)
+        ):
             top = resolve_profile(name).maximum_clock_mhz
             if floor_mhz > top:
                 raise ValueError(
@@ -344,6 +352,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         windows=args.windows,
         engine_view=getattr(args, "engine_view", None),
         outside_controllers=_outside_for_layout(args),
+        layout=getattr(args, "layout", "colocated"),
     )
 
 

@@ -76,6 +76,7 @@ from gpugov.study.scoreboard.scenarios import (
     DisaggregatedScenario,
     ScenarioSkip,
     build_disaggregated_scenario,
+    layout_profiles,
 )
 
 DISAGGREGATED_CONTROLLERS = ("max", "reactive", "default-dvfs", "voltana", "mpc-online")
@@ -816,7 +817,9 @@ def _run_disaggregated_held(args: Any, config: BenchConfig, runner: RunnerSpec) 
     from gpugov.daemon.progress import Progress
 
     traces = getattr(args, "traces", None) or DISAGGREGATED_TRACES
-    profiles = config.profiles if getattr(args, "profiles", None) else DISAGGREGATED_PROFILES
+    profiles = layout_profiles(
+        "disaggregated", config.profiles, named=bool(getattr(args, "profiles", None))
+    )
     total = len(traces) * len(profiles) * len(config.loads) * len(DISAGGREGATED_LAYOUTS)
     # The bar counts rows, each scenario's as they are done (a scenario runs for minutes:
     # counted in whole scenarios, the bar said nothing and read "ETA ?" until one ended).

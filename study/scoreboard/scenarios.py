@@ -644,6 +644,20 @@ DISAGGREGATED_PROFILES = (
 )
 """Profiles of the disaggregated scenarios: each pool's engines run this profile (the 8B
 model on one GPU per engine, the 70B model on a tensor-parallel group per engine)."""
+
+
+def layout_profiles(layout: str, colocated: Sequence[str], named: bool) -> tuple[str, ...]:
+    """The profiles ``--layout`` runs: the colocated board's ``colocated``; the
+    disaggregated board's :data:`DISAGGREGATED_PROFILES` unless ``--profiles`` named
+    them (``named``: then ``colocated``, the named ones); ``both``, either board's."""
+    disaggregated = tuple(colocated) if named else DISAGGREGATED_PROFILES
+    if layout == "colocated":
+        return tuple(colocated)
+    if layout == "disaggregated":
+        return disaggregated
+    return tuple(dict.fromkeys((*colocated, *disaggregated)))
+
+
 DISAGGREGATED_LAYOUTS = {"1P1D": (1, 1), "2P2D": (2, 2)}
 """Layouts: (prefill engines, decode engines) of the profile's plant."""
 DISAGGREGATED_INTERCONNECT = "nvlink"
