@@ -36,7 +36,9 @@ short window) and ``A' = e N'``, else ``A' = A``:
   target sustains), ``A' >= 2`` (one more miss would cost at most half the budget, so
   the window holds enough requests to tell) and ``A - S >= 1`` (the requests seen so far
   can afford one more miss: early in a window, before 100 requests at 99 %, one miss would
-  already spend the budget of what has been served, however many the window will hold):
+  already spend the budget of what has been served, however many the window will hold),
+  and every SLO the domain is judged on is counted (TGI publishes no TTFT histogram: its
+  window shows no slack of first tokens, whatever its TPOT judgements say):
   the looseness rises, slowly: across its
   whole range in half a window, so that half the window's requests were served at the
   older, tighter setting when it gets there and a loosening that costs misses shows in the
@@ -142,6 +144,14 @@ class AttainmentCounters:
         if ttft is None and tpot is None:
             return None
         return cls(float(observation.time_s), ttft, tpot)
+
+    def blind_to(self, observation: ServingObservation) -> bool:
+        """Whether an SLO the domain is judged on has no counters here (TGI publishes no
+        TTFT histogram): the window says nothing of it, so it can never show slack. A
+        prefill pool is judged on TTFT alone and a decode pool on TPOT alone."""
+        ttft = observation.ttft_slo_s is not None and observation.role != "decode"
+        tpot = observation.tpot_slo_s is not None and observation.role != "prefill"
+        return (ttft and self.ttft is None) or (tpot and self.tpot is None)
 
     def went_back(self, before: AttainmentCounters) -> bool:
         """Whether a counter decreased since ``before`` (a source restarted) or a pair
@@ -303,7 +313,9 @@ class AttainmentBudget:
         self.recent = short
         period = 0.0 if previous_time is None else time_s - previous_time
         covered = time_s - history[0].time_s
-        self.looseness = self.next_looseness(long, short, period, covered_s=covered)
+        self.looseness = self.next_looseness(
+            long, short, period, covered_s=covered, blind=now.blind_to(observation)
+        )
         return self.applied_looseness
 
     def _base(self, since_s: float) -> AttainmentCounters:
@@ -322,9 +334,12 @@ class AttainmentBudget:
         period_s: float,
         *,
         covered_s: float | None = None,
+        blind: bool = False,
     ) -> float:
         """One step of the rule (module notes) over ``period_s`` seconds; ``covered_s``:
-        how much of the long window the counters cover yet (a full window when None)."""
+        how much of the long window the counters cover yet (a full window when None);
+        ``blind``: an SLO the domain is judged on is not counted, so the window is never
+        ahead (:meth:`AttainmentCounters.blind_to`)."""
         window = self.window_s
         covered = window if covered_s is None else min(window, max(covered_s, 0.0))
         budget = self.target.budget
@@ -341,7 +356,8 @@ class AttainmentBudget:
             long.misses > BEHIND_SHARE * allowed_in_window and long.misses >= BEHIND_MISSES
         ) or (short.miss_fraction > FAST_BURN_RATE * budget and short.misses >= BEHIND_MISSES)
         ahead = (
-            long.misses < AHEAD_SHARE * allowed
+            not blind
+            and long.misses < AHEAD_SHARE * allowed
             and short.miss_fraction <= budget
             and allowed_in_window >= MINIMUM_ALLOWED_MISSES
             and allowed - long.misses >= 1.0

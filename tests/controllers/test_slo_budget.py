@@ -551,3 +551,18 @@ def test_overspent_while_the_window_is_past_its_budget_and_still_missing() -> No
     light = AttainmentBudget(TARGET)  # misses within the window's budget: not overspent
     _run(light, 600.0, rate=5.0, miss=0.005)
     assert light.remaining > 0.0 and not light.overspent
+
+
+def test_a_window_blind_to_an_slo_it_judges_is_never_ahead() -> None:
+    """TGI publishes no TTFT histogram: a colocated domain with a TTFT SLO counts its
+    TPOT judgements only. Ahead on them, the budget loosened every margin, the TTFT ones
+    included, on no evidence that first tokens had room (their misses are not seen).
+    Where the role judges no TTFT (a decode pool), TPOT alone is the evidence."""
+    slos = {"ttft_slo_s": 1.0, "tpot_slo_s": 0.05}
+    for role, ahead in (("colocated", False), ("decode", True)):
+        budget = AttainmentBudget(TARGET)
+        for second in range(1, 601):
+            count = 5.0 * second
+            budget.update(_observation(float(second), None, (count, count), role=role, **slos))
+        assert budget.ahead is ahead, role
+        assert (budget.looseness > 1.0) is ahead, role
