@@ -225,6 +225,18 @@ def default_daemon_period(domains: Any) -> float:
     return DEFAULT_PERIOD_S
 
 
+DEFAULT_WRITE_TIMEOUT_S = 0.25
+"""An unset ``actuator.timeout_s`` or ``zeusd.timeout_s`` is ``min(0.25 s, 0.5 x
+daemon.period_s)``."""
+
+
+def default_write_timeout_s(period_s: float) -> float:
+    """One clock write request's deadline (the actuator's, zeusd's) when the config sets
+    none: 0.25 s, or half the period when that is shorter, so a split-mode node runs
+    ``mpc-online`` at its 0.25 s period."""
+    return min(DEFAULT_WRITE_TIMEOUT_S, ENGINE_TIMEOUT_PERIOD_SHARE * period_s)
+
+
 def default_engine_timeout_s(period_s: float) -> float:
     """The scrape deadline when the config sets none: 0.5 s, or half the period when
     that is shorter (``period_s = 0.5`` gives 0.25 s), so a hung engine never stalls
@@ -409,7 +421,7 @@ class ActuatorBackendConfig(FrozenModel):
     socket: LoosePath = Path("/run/gpugov-actuator/actuator.sock")
     lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = 3.0
     timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
-        0.25
+        DEFAULT_WRITE_TIMEOUT_S
     )
 
 
@@ -421,7 +433,7 @@ class ZeusdBackendConfig(FrozenModel):
     url: str | None = None
     token_file: LoosePath | None = None
     timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
-        0.25
+        DEFAULT_WRITE_TIMEOUT_S
     )
 
     @field_validator("url")
@@ -502,6 +514,30 @@ class DaemonSection(FrozenModel):
         if problem is not None:
             raise ValueError(f"{problem}: {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _write_timeouts_from_the_period(cls, data: Any) -> Any:
+        """Fill an unset ``actuator.timeout_s`` and ``zeusd.timeout_s`` from the period
+        (:func:`default_write_timeout_s`); a timeout the file sets is kept (and checked
+        against the period below)."""
+        if not isinstance(data, dict) or "period_s" not in data:
+            return data  # the 1 s default period: the 0.25 s default timeouts
+        period = data["period_s"]
+        if (
+            isinstance(period, bool)
+            or not isinstance(period, int | float)
+            or finite_number(period) is None
+            or not MIN_PERIOD_S <= period <= MAX_PERIOD_S
+        ):
+            return data  # the field validators report what is wrong
+        timeout = default_write_timeout_s(float(period))
+        filled = dict(data)
+        for name in ("actuator", "zeusd"):
+            section = data.get(name, {} if name == "actuator" else None)
+            if isinstance(section, dict) and "timeout_s" not in section:
+                filled[name] = {**section, "timeout_s": timeout}
+        return filled
 
     @model_validator(mode="after")
     def _write_path_fits_the_period(self) -> DaemonSection:

@@ -669,7 +669,7 @@ def test_an_unset_period_follows_the_controllers() -> None:
         _domain(controller={"kind": "mpc-online"}, engine={"timeout_s": 0.5}),
         _domain(controller={"kind": "mpc-online", "horizon_s": 60.0}),
         {
-            "daemon": {"backend": "actuator"},  # its request deadline, 0.25 s, needs longer
+            "daemon": {"backend": "actuator", "actuator": {"timeout_s": 0.25}},  # set so
             **_domain(controller={"kind": "mpc-online"}),
         },
     ],
@@ -682,6 +682,26 @@ def test_an_unset_period_stays_1_s_where_the_file_needs_longer(data: dict[str, o
     with pytest.raises(ConfigError, match=r"period_s[ =(]+0\.25 s"):
         daemon = {**data.get("daemon", {}), "period_s": 0.25}  # type: ignore[dict-item]
         parse_config({**data, "daemon": daemon})
+
+
+@pytest.mark.parametrize(
+    "daemon",
+    [{"backend": "actuator"}, {"backend": "zeusd", "zeusd": {"socket": "/run/zeusd.sock"}}],
+    ids=["actuator", "zeusd"],
+)
+def test_an_unset_write_timeout_follows_the_period(daemon: dict[str, object]) -> None:
+    """A split-mode node's unset request deadline is half the period where that is under
+    0.25 s, as the scrape's is: mpc-online runs at its 0.25 s (it was kept at 1 s, and a
+    period_s = 0.25 refused for a timeout the file never set)."""
+    name = str(daemon["backend"])
+    online = _domain(controller={"kind": "mpc-online"})
+    config = parse_config({"daemon": daemon, **online})
+    assert config.daemon.period_s == 0.25
+    assert getattr(config.daemon, name).timeout_s == 0.125
+    for period, timeout in ((0.25, 0.125), (0.05, 0.025), (0.8, 0.25)):
+        set_period = parse_config({"daemon": {**daemon, "period_s": period}, **online})
+        assert getattr(set_period.daemon, name).timeout_s == timeout
+    assert getattr(parse_config({"daemon": daemon, **_domain()}).daemon, name).timeout_s == 0.25
 
 
 def test_an_unset_period_follows_the_controllers_when_built_in_code() -> None:
