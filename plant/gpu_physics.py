@@ -180,13 +180,16 @@ class GpuPhysics:
         """Set the run-time power cap (None: remove it); returns the limit in force.
 
         A cap above the board limit is the board limit. The power controller's ceiling
-        moves at the next segment (:meth:`busy_clock`), on the averaged power.
+        moves at the next segment (:meth:`busy_clock`), on the averaged power; removing
+        the cap lifts it, so a cap set again acts as a first one.
 
         Raises:
             ValueError: ``cap_w`` is not a finite positive number of watts.
         """
         if cap_w is None:
+            # No cap, no power controller: a cap set later starts from the top clock.
             self.cap_w = None
+            self.cap_ceiling_index = len(self.params.clock_mhz) - 1
             return self.params.power_limit_w
         value = float(cap_w)
         if not math.isfinite(value) or value <= 0.0:

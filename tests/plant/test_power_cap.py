@@ -97,6 +97,28 @@ def test_raised_cap_lifts_the_ceiling_at_once() -> None:
     assert gpu.enforced_power_limit_w == params.power_limit_w
 
 
+def test_a_cap_set_again_after_its_removal_comes_down_to_its_own_fit() -> None:
+    """A cap the controller removes and later sets again acts as a first one: the
+    clock comes down to the highest that fits it, not to the ceiling an older, lower cap
+    had left (the lowest clock, until the averaged power crossed the new cap)."""
+    params = GpuParameters.from_plant(make_plant())
+    top = len(params.clock_mhz) - 1
+    low = 0.5 * (params.prefill_power_w[0] + params.prefill_power_w[1])
+    gpu = GpuPhysics(params, top)
+    gpu.set_power_cap(low)
+    assert run_prefill(gpu, 10.0)[-1] == 0
+    gpu.set_power_cap(None)
+    assert run_prefill(gpu, 10.0)[-1] == top  # the average is now the top clock's
+    cap = 0.5 * (min(params.prefill_power_w) + max(params.prefill_power_w))
+    gpu.set_power_cap(cap)
+    realised = run_prefill(gpu, 2.0)
+    fresh = GpuPhysics(params, top)
+    run_prefill(fresh, 10.0)
+    fresh.set_power_cap(cap)
+    assert realised == run_prefill(fresh, 2.0)
+    assert min(realised) == highest_fitting(params, cap) > 0
+
+
 def test_cap_is_clamped_to_the_board_limit_and_checked() -> None:
     params = GpuParameters.from_plant(make_plant(power_limit_w=500.0))
     gpu = GpuPhysics(params, 0)
