@@ -33,6 +33,7 @@ from gpugov.study.scoreboard.report import (
     failed_controller_lines,
     head_to_head,
     head_to_head_markdown,
+    invalid_decision_lines,
 )
 
 REPORT_SCHEMA = 1
@@ -80,6 +81,11 @@ REPORT_DEFINITIONS = {
     "oracle_capture": (
         "(E_max - E) / (E_max - E_oracle), E_oracle the lowest energy of the hindsight "
         "oracles that hold the SLO; null when the row does not hold the SLO"
+    ),
+    "invalid_decisions": (
+        "the row's decisions that were not a clock in MHz (NaN, an infinity, zero, a "
+        "negative number, a bool, a string, None), each replaced by the top clock in the "
+        "safety chain; null for the hindsight rows, which make no decisions"
     ),
 }
 
@@ -223,6 +229,7 @@ def _row_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "attributed_energy": stats.get("attributed_energy"),
         "oracle_capture": row["oracle_capture"],
         "oracle_capture_after_warmup": row.get("oracle_capture_after_warmup"),
+        "invalid_decisions": row.get("invalid_decisions"),
     }
 
 
@@ -377,6 +384,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     failed = failed_controller_lines(report["failed_rows"])
     if failed:
         lines += ["", "Failed, so left out of every table: " + "; ".join(failed) + "."]
+    invalid = invalid_decision_lines(report["rows"])
+    if invalid:
+        lines += ["", "Not its own clocks: " + "; ".join(invalid) + "."]
     lines += [
         "",
         "## Summary per row",

@@ -250,6 +250,10 @@ def markdown(payload: dict[str, Any]) -> str:
     if failed:
         lines.append("Failed, so left out of every table: " + "; ".join(failed) + ".")
         lines.append("")
+    invalid = invalid_decision_lines(payload["rows"])
+    if invalid:
+        lines.append("Not its own clocks: " + "; ".join(invalid) + ".")
+        lines.append("")
     lines += [
         "## Summary per controller",
         "",

@@ -176,3 +176,27 @@ def test_fleet_names_a_controller_that_raises_in_one_line(
         f"gpugov: error: controller '{outside}:fails_later' on node node0 raised at t=5.000s"
     )
     assert line.endswith("): no model for this load")
+
+
+def test_the_report_and_the_markdown_name_decisions_that_are_not_a_clock(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row whose decisions the chain replaced by the top clock is no row of its own
+    decisions: report.json keeps the count per row and scenario, and scoreboard.md and
+    report.md say it beside the tables that cite the row."""
+    out, report = tmp_path / "board", tmp_path / "report"
+    spec = f"{outside}:not_a_number"
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    assert main([*argv, "--report", str(report), "--controller", spec]) == 0
+    capsys.readouterr()
+    board = json.loads((out / "scoreboard.json").read_text())
+    (counted,) = [r for r in board["rows"] if r["controller"] == spec]
+    published = json.loads((report / "report.json").read_text())
+    (row,) = [r for r in published["rows"] if r["controller"] == spec]
+    assert row["invalid_decisions"] == counted["invalid_decisions"] > 0
+    (reference,) = [r for r in published["rows"] if r["controller"] == "max"]
+    assert reference["invalid_decisions"] == 0
+    phrase = f"controller '{spec}': {row['invalid_decisions']} decision(s) on 1 scenario(s)"
+    for markdown in (out / "scoreboard.md", report / "report.md"):
+        (line,) = [line for line in markdown.read_text().splitlines() if phrase in line]
+        assert "top clock" in line
