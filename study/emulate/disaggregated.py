@@ -311,6 +311,8 @@ class DisaggregatedNode(EmulatedNode):
                     stream.prefill_energy[1] + decode_j,
                 )
                 stats.e2e.observe(end - stream.first_token_s)
+                if stream.sent > 1:
+                    stats.tpot.observe((end - stream.first_token_s) / (stream.sent - 1))
                 # Its lengths as this instance's counters have them: the prompt (its KV
                 # cache transferred in), the tokens generated here (the first was prefill's).
                 stats.prompt_lengths.observe(stream.prompt_tokens)

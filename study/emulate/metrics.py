@@ -165,6 +165,11 @@ def render_metrics(node: EmulatedNode, model: str, replicas: Sequence[int] | Non
                 "Histogram of inter-token latency in seconds.",
             ),
             (
+                "vllm:request_time_per_output_token_seconds",
+                "tpot",
+                "Histogram of time_per_output_token_seconds per request.",
+            ),
+            (
                 "vllm:e2e_request_latency_seconds",
                 "e2e",
                 "Histogram of e2e request latency in seconds.",

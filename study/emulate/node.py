@@ -166,6 +166,9 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0})
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
+    tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
+    """Time per output token per finished request of two tokens or more
+    (``vllm:request_time_per_output_token_seconds``): what the TPOT SLO judges."""
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS_S))
     prompt_lengths: Histogram = field(default_factory=lambda: Histogram(LENGTH_BUCKETS))
     """Prompt tokens per finished request (``vllm:request_prompt_tokens``)."""
@@ -451,6 +454,9 @@ class EmulatedNode:
                     )
                 )
                 stats.e2e.observe(end - arrival)
+                made = first[index]
+                if stream.sent > 1 and made is not None:
+                    stats.tpot.observe((end - made) / (stream.sent - 1))
                 stats.prompt_lengths.observe(stream.prompt_tokens)
                 stats.output_lengths.observe(stream.sent)
                 stats.finished[stream.finish_reason] += 1
