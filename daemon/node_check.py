@@ -104,6 +104,24 @@ def slo_warnings(config: GpugovConfig) -> list[str]:
     return lines
 
 
+TARGET_KINDS = ("mpc", "mpc-online", "external")
+"""The controller kinds an SLO target reaches: ``mpc`` and ``mpc-online`` spend its
+budget, an outside controller is given it (``ControllerContext.slo_target``)."""
+
+
+def ignored_target_warnings(config: GpugovConfig) -> list[str]:
+    """One line per domain whose ``slo_target`` its controller ignores (every kind but
+    :data:`TARGET_KINDS`): nothing measures, spends or exports it, where the config's
+    summary names it as if it were pursued."""
+    return [
+        f"domain {domain.name!r} sets slo_target, which its {domain.controller.kind} "
+        "controller ignores: only mpc and mpc-online spend an SLO target's budget (and "
+        "measure and export its attainment); choose one of them, or drop slo_target"
+        for domain in config.domains
+        if domain.slo_target is not None and domain.controller.kind not in TARGET_KINDS
+    ]
+
+
 def pool_warnings(config: GpugovConfig, pools: Mapping[int, str]) -> list[str]:
     """One line per domain that does not match a disaggregated emulator's pools
     (``pools``: each GPU's pool role, :func:`daemon.emulated.emulated_gpu_roles`): over

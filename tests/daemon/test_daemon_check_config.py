@@ -517,6 +517,37 @@ def test_a_domain_without_slos_gets_one_warning_line_and_exit_0(
     assert all(name in warnings[0] for name in (*SLO_RECORDING_RULES, *SLO_ALERTS))
 
 
+@pytest.mark.parametrize(
+    ("controller", "warned"),
+    [
+        ('kind = "fixed"\nclock_mhz = 1410\n', True),
+        ('kind = "mpc-slsqp"\nprofile = "h100-sxm-llama3-8b"\n', True),
+        ("", True),  # the default kind, max
+        ('kind = "mpc-online"\n', False),
+    ],
+)
+def test_an_slo_target_its_controller_ignores_gets_one_warning_line(
+    tmp_path: Path,
+    fake: FakeNvml,
+    capsys: pytest.CaptureFixture[str],
+    controller: str,
+    warned: bool,
+) -> None:
+    """Only ``mpc`` and ``mpc-online`` spend an SLO target (an outside controller is given
+    it): check-config said 'SLO target 99% over 600 s' for a fixed clock, which neither
+    measures nor exports it."""
+    target = "[domains.slo_target]\nattainment = 0.99\n"
+    tables = target + (f"[domains.controller]\n{controller}" if controller else "")
+    path = _write(tmp_path, tables=tables)
+    assert node_cli.main(["check-config", "--offline", str(path)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "slo_target" in line]
+    if not warned:
+        assert warnings == []
+        return
+    assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: domain 'llm'")
+    assert "ignores" in warnings[0] and "mpc-online" in warnings[0]
+
+
 def test_mpc_online_slower_than_its_recommended_period_gets_one_warning_line(
     tmp_path: Path, fake: FakeNvml, capsys: pytest.CaptureFixture[str]
 ) -> None:
