@@ -111,11 +111,14 @@ _READINGS: dict[str, tuple[str, float, float]] = {
 it can take (:meth:`GpuSample.read`; finite in every case)."""
 
 
-EXPLAINS_LOWER_CLOCK = 0x1 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400
-"""Clock event reasons that explain a realised clock below the lock: idle, power cap,
-slowdowns (hardware, thermal, power brake), sync boost, display clock, and the board and
-reliability (voltage) limits, which nvidia-ml-py names only among its throttle reasons
-(``nvmlClocksThrottleReasonBoardLimit`` 0x200, ``...Reliability`` 0x400)."""
+EXPLAINS_LOWER_CLOCK = (2**64 - 1) & ~0x2
+"""Clock event reasons that explain a realised clock below the lock: every bit but
+ApplicationsClocksSetting (0x2, the lock itself). Idle, power cap, slowdowns (hardware,
+thermal, power brake), sync boost, display clock, the board and reliability (voltage)
+limits, which nvidia-ml-py names only among its throttle reasons
+(``nvmlClocksThrottleReasonBoardLimit`` 0x200, ``...Reliability`` 0x400), and any bit a
+newer driver adds: each is the driver saying why the clock is where it is, and none is
+another tool's lock (which shows 0x2 alone)."""
 
 
 def clock_tolerance_mhz(clocks: Sequence[float]) -> float:

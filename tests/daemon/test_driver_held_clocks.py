@@ -84,6 +84,7 @@ def _no_lock_shown(gpu: FakeGpu) -> None:
         (-300, 0x8),  # nvmlClocksEventReasonHwSlowdown
         (-300, 0x200),  # nvmlClocksThrottleReasonBoardLimit
         (-300, 0x400),  # nvmlClocksThrottleReasonReliability
+        (-300, 0x1000),  # a reason a newer driver names and gpugov does not know
     ],
     ids=[
         "rounded-down",
@@ -94,6 +95,7 @@ def _no_lock_shown(gpu: FakeGpu) -> None:
         "hw-slowdown",
         "board-limit",
         "reliability",
+        "unknown-reason",
     ],
 )
 def test_a_steady_request_the_driver_holds_off_its_lock_is_written_once(
