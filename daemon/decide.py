@@ -270,7 +270,9 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
         inner = BudgetGuard(inner, enforce=context.budget_enforced)
     if context.role != COLOCATED:
         inner = RoleView(inner, context.role)
-    chain = with_safety(inner, context.supported_clocks_mhz, context.safety)
+    chain = with_safety(
+        inner, context.supported_clocks_mhz, context.safety, period_s=context.period_s
+    )
     name = spec_name(spec)
     for layer in layers(chain):
         if isinstance(layer, ControllerWrapper):

@@ -20,6 +20,9 @@ DEFAULT_DWELL_S = 0.5
 """Seconds a clock is held before a lower one is applied (``safety.dwell_s``): two
 decisions at the 0.25 s period ``mpc-online`` is run at, one at 0.5 s; at a 1 s period it
 never binds."""
+TICK_SLACK_PERIODS = 0.1
+"""The share of a control period by which two ticks may come closer than their targets
+and still count as that many whole periods apart (:class:`MinimumDwell`)."""
 DEFAULT_MIN_RELOCK_INTERVAL_S = 0.1
 """Least seconds between two clock changes of a domain, raises included
 (``safety.min_relock_interval_s``): NCCL collectives of a TP group stall when its
@@ -113,15 +116,24 @@ class MinimumDwell(ControllerWrapper):
     """
 
     def __init__(
-        self, inner: ClockController, dwell_s: float, min_relock_interval_s: float = 0.0
+        self,
+        inner: ClockController,
+        dwell_s: float,
+        min_relock_interval_s: float = 0.0,
+        *,
+        period_s: float | None = None,
     ) -> None:
         if dwell_s < 0 or not math.isfinite(dwell_s):
             raise ValueError(f"dwell_s must be >= 0, got {dwell_s!r}")
         if min_relock_interval_s < 0 or not math.isfinite(min_relock_interval_s):
             raise ValueError(f"min_relock_interval_s must be >= 0, got {min_relock_interval_s!r}")
+        if period_s is not None and not (math.isfinite(period_s) and period_s > 0):
+            raise ValueError(f"period_s must be positive, got {period_s!r}")
         super().__init__(inner)
         self.dwell_s = float(dwell_s)
         self.min_relock_interval_s = float(min_relock_interval_s)
+        self.period_s = period_s
+        """The control period the decisions come at (None: times taken as they are)."""
         self.held_mhz: float | None = None
         self._since_s = -math.inf
         self.suppressed = 0
@@ -135,7 +147,7 @@ class MinimumDwell(ControllerWrapper):
         if held is not None and requested == held:
             return requested
         if held is not None:
-            since_s = observation.time_s - self._since_s + 1e-9
+            since_s = self._held_for_s(observation.time_s)
             if requested < held and since_s < self.dwell_s:
                 self.suppressed += 1
                 return held
@@ -145,6 +157,19 @@ class MinimumDwell(ControllerWrapper):
         self.held_mhz = requested
         self._since_s = observation.time_s
         return requested
+
+    def _held_for_s(self, time_s: float) -> float:
+        """How long the held clock has been held at ``time_s`` (with a nanosecond's float
+        slack). With ``period_s`` (a node's ticks) it is counted in whole control periods,
+        a tenth of one allowed for the ticks' timing: a tick wakes a little after its
+        target, by a different fraction of a millisecond each time, and a change one
+        period after one that woke later was held back a period more (a dwell of two
+        periods took three about every other time)."""
+        held_s = time_s - self._since_s
+        period = self.period_s
+        if period is not None and math.isfinite(held_s):
+            held_s = math.floor(held_s / period + TICK_SLACK_PERIODS) * period
+        return held_s + 1e-9
 
     def held_by_node(self, clock_mhz: float, time_s: float) -> None:
         """The node locked ``clock_mhz`` at ``time_s`` outside the chain (the fail-safe's
@@ -159,14 +184,18 @@ def with_safety(
     inner: ClockController,
     clocks_mhz: Sequence[float],
     settings: SafetySettings | None = None,
+    *,
+    period_s: float | None = None,
 ) -> MinimumDwell:
     """The standard chain: clamp to supported, then the floor, then the dwell time and
-    the minimum relock interval."""
+    the minimum relock interval, counted in whole periods of ``period_s`` when given."""
     settings = settings or SafetySettings()
     controller: ClockController = ClampToSupported(inner, clocks_mhz)
     if settings.floor_mhz is not None:
         controller = FloorClock(controller, settings.floor_mhz, clocks_mhz)
-    return MinimumDwell(controller, settings.dwell_s, settings.min_relock_interval_s)
+    return MinimumDwell(
+        controller, settings.dwell_s, settings.min_relock_interval_s, period_s=period_s
+    )
 
 
 def clamp_layer(controller: ClockController) -> ClampToSupported | None:
@@ -205,6 +234,7 @@ def raw_decision(controller: ClockController, fallback: float) -> float:
 __all__ = [
     "DEFAULT_DWELL_S",
     "DEFAULT_MIN_RELOCK_INTERVAL_S",
+    "TICK_SLACK_PERIODS",
     "ClampToSupported",
     "FloorClock",
     "MinimumDwell",

@@ -346,3 +346,33 @@ def test_one_name_per_controller_and_old_names_map_to_it() -> None:
 def test_controller_spec_arguments_are_checked(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_controller_spec(text)
+
+
+def test_the_dwell_and_interval_count_whole_periods_of_ticks_that_wake_late() -> None:
+    """A node's ticks wake a little after their targets, each by its own fraction of a
+    millisecond: a lowering two periods after a raise whose tick woke later passes the
+    0.5 s dwell at 0.25 s, and a change one period after another the 0.1 s interval at
+    0.1 s (each waited a period more), while a change sooner than either still waits."""
+    late = [0.0002, 0.0002, 0.00005, 0.0001, 0.0001]  # each tick's wake after its target
+    dwell = with_safety(
+        Scripted([1500.0, 1980.0, 900.0, 900.0, 900.0]),
+        CLOCKS,
+        SafetySettings(dwell_s=0.5, min_relock_interval_s=0.1),
+        period_s=0.25,
+    )
+    out = [dwell(_obs(0.25 * k + late[k])) for k in range(5)]
+    assert out == [1500.0, 1980.0, 1980.0, 900.0, 900.0]  # 1980 held two periods: 0.5 s
+    relock = with_safety(
+        Scripted([1500.0, 1980.0, 1200.0, 1500.0]),
+        CLOCKS,
+        SafetySettings(dwell_s=0.0, min_relock_interval_s=0.1),
+        period_s=0.1,
+    )
+    assert [relock(_obs(0.1 * k + late[k])) for k in range(4)] == [1500.0, 1980.0, 1200.0, 1500.0]
+    fast = with_safety(
+        Scripted([1500.0, 1980.0, 1980.0]),
+        CLOCKS,
+        SafetySettings(dwell_s=0.0, min_relock_interval_s=0.1),
+        period_s=0.05,
+    )
+    assert [fast(_obs(0.05 * k + late[k])) for k in range(3)] == [1500.0, 1500.0, 1980.0]

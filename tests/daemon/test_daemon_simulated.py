@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -170,6 +172,25 @@ def test_speed_mode_uses_scaled_wall_clock(workload_and_plant: tuple) -> None:  
     assert sleeps and max(sleeps) == pytest.approx(1.0 / 60.0)
 
 
+def _waits_past_the_dwell(
+    rows: list[dict[str, Any]], applied: list[float], dwell_s: float
+) -> list[float]:
+    """For each lowering of ``applied`` (one clock per recorded tick), how long after both
+    the dwell since the last change and the first tick whose decision asked lower it came."""
+    waits: list[float] = []
+    held: float | None = None
+    since = asked = 0.0
+    for row, mhz in zip(rows, applied, strict=True):
+        time_s = row["time_s"]
+        if held is not None and mhz < held:
+            waits.append(time_s - max(since + dwell_s, min(asked, time_s)))
+        if held is None or mhz != held:
+            held, since, asked = mhz, time_s, math.inf
+        elif row["decision_mhz"] < held and asked == math.inf:
+            asked = time_s
+    return waits
+
+
 def test_real_h200_dry_run_recording_replays() -> None:
     from daemon_support import FIXTURES
 
@@ -192,7 +213,19 @@ def test_real_h200_dry_run_recording_replays() -> None:
     assert min(o["realized_clock_mhz"] for o in prefill) < 1700.0
     assert max(o["realized_clock_mhz"] for o in decode) == 1980.0
     same = replay(path, ReactiveControllerConfig(kind="reactive"))
-    assert same.compared == len(rows) and same.differing == 0
+    assert same.compared == len(rows)
+    # The node timed its dwell (1 s, two 0.5 s periods) by its ticks' own times, each a
+    # few microseconds after its target: a lowering whose second tick came that much
+    # short of 1 s waited a third period. The chain now counts whole periods, so the
+    # replay applies each lowering at the first tick past the dwell that asks it.
+    replayed = {diff.step: diff.replayed_mhz for diff in same.differences}
+    recorded = [row["requested_mhz"] for row in rows]
+    assert max(_waits_past_the_dwell(rows, recorded, 1.0)) == pytest.approx(0.5, abs=1e-3)
+    applied = [replayed.get(row["step"], row["requested_mhz"]) for row in rows]
+    assert max(_waits_past_the_dwell(rows, applied, 1.0)) == pytest.approx(0.0, abs=1e-3)
+    # Each difference is such a lowering, a period sooner; the last, the recorded fall to
+    # 345 MHz, comes while the dwell of the replay's own fall a period before holds.
+    assert all(diff.replayed_mhz < diff.recorded_mhz for diff in same.differences[:-1])
     assert replay(path, FixedControllerConfig(kind="fixed", clock_mhz=1980)).differing > 0
 
 
