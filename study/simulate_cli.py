@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpugov import __version__
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_outputs import (
     check_distinct_outputs,
@@ -263,8 +264,10 @@ def run_simulate(args: argparse.Namespace) -> int:
             "metrics": metrics,
             "metadata": {
                 **result.metadata,
+                "gpugov_version": __version__,
                 "controller": controller_label(args.controller),
                 "controller_spec": args.controller,
+                "engine_view": args.engine_view,
                 "control_period_s": args.control_period,
                 "slo_target": args.slo_target,
                 "safety": safety.as_dict(),

@@ -447,3 +447,22 @@ def test_a_load_scale_too_small_for_any_finite_time_is_one_line(
         f"gpugov: error: {trace}: a load scale of 1e-308 stretches the window's arrival at "
         "10 s to no finite time; choose a larger load scale"
     ]
+
+
+def test_the_out_file_names_every_setting_that_changes_its_figures(tmp_path: Path) -> None:
+    """Two runs that differ only in what the controller observes (--engine-view) give
+    different figures; each --out file names its view and the gpugov that wrote it, so a
+    published figure can be run again as it was."""
+    from gpugov import __version__
+
+    base = ["simulate", "--controller", "mpc-online", "--duration", "20", "--quiet"]
+    written = {}
+    for view in ("vllm", "exact"):
+        out = tmp_path / f"{view}.json"
+        assert main([*base, "--engine-view", view, "--out", str(out)]) == 0
+        written[view] = json.loads(out.read_text())
+    vllm, exact = written["vllm"], written["exact"]
+    assert vllm["metrics"]["energy_j"] != exact["metrics"]["energy_j"]
+    assert vllm["metadata"]["engine_view"] == "vllm"
+    assert exact["metadata"]["engine_view"] == "exact"
+    assert vllm["metadata"]["gpugov_version"] == __version__
