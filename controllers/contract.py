@@ -79,6 +79,22 @@ class HistoryBounded(Protocol):
     history_limit: int | None
 
 
+TICK_SLACK_PERIODS = 0.1
+"""The share of a control period by which two decisions may come closer than their ticks'
+targets and still count as that many whole periods apart: a node's tick wakes a fraction
+of a millisecond after its target, by a different fraction each time."""
+
+
+def whole_periods(seconds: float, period_s: float) -> float:
+    """``seconds`` between two decisions in whole control periods of ``period_s``
+    (:data:`TICK_SLACK_PERIODS` allowed for the ticks' timing), as the safety chain's
+    dwell and relock interval count them (``daemon.safety.MinimumDwell``) and an MPC
+    prices them; a non-finite span (nothing held yet) is returned as it is."""
+    if not math.isfinite(seconds):
+        return seconds
+    return float(math.floor(seconds / period_s + TICK_SLACK_PERIODS))
+
+
 BUDGET_ROUNDING = 1e-9
 """A predicted power above a budget by at most this share of it is at the budget: rounding.
 A model that learned a board's power from reads its power limit held predicts that limit

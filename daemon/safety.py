@@ -13,16 +13,13 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpugov.controllers.contract import ClockController, ControllerWrapper
+from gpugov.controllers.contract import ClockController, ControllerWrapper, whole_periods
 from gpugov.plant.types import ServingObservation
 
 DEFAULT_DWELL_S = 0.5
 """Seconds a clock is held before a lower one is applied (``safety.dwell_s``): two
 decisions at the 0.25 s period ``mpc-online`` is run at, one at 0.5 s; at a 1 s period it
 never binds."""
-TICK_SLACK_PERIODS = 0.1
-"""The share of a control period by which two ticks may come closer than their targets
-and still count as that many whole periods apart (:class:`MinimumDwell`)."""
 DEFAULT_MIN_RELOCK_INTERVAL_S = 0.1
 """Least seconds between two clock changes of a domain, raises included
 (``safety.min_relock_interval_s``): NCCL collectives of a TP group stall when its
@@ -167,8 +164,8 @@ class MinimumDwell(ControllerWrapper):
         periods took three about every other time)."""
         held_s = time_s - self._since_s
         period = self.period_s
-        if period is not None and math.isfinite(held_s):
-            held_s = math.floor(held_s / period + TICK_SLACK_PERIODS) * period
+        if period is not None:
+            held_s = whole_periods(held_s, period) * period
         return held_s + 1e-9
 
     def held_by_node(self, clock_mhz: float, time_s: float) -> None:
@@ -234,7 +231,6 @@ def raw_decision(controller: ClockController, fallback: float) -> float:
 __all__ = [
     "DEFAULT_DWELL_S",
     "DEFAULT_MIN_RELOCK_INTERVAL_S",
-    "TICK_SLACK_PERIODS",
     "ClampToSupported",
     "FloorClock",
     "MinimumDwell",

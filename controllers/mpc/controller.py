@@ -57,7 +57,7 @@ import numpy as np
 
 from gpugov.controllers.adaptation import BurstHedge, SLOFeedback
 from gpugov.controllers.budget import AttainmentBudget
-from gpugov.controllers.contract import PowerNeed
+from gpugov.controllers.contract import PowerNeed, whole_periods
 from gpugov.controllers.efficiency import ProfileFloor, WorkMix
 from gpugov.controllers.mpc.model import (
     CHUNK_TOKENS,
@@ -446,7 +446,9 @@ class MPCController:
             terminal_queued_replies=self.terminal_queued_replies,
             dwell_periods=self.dwell_s / self.control_period_s,
             held_clock_mhz=self.held_clock_mhz,
-            held_periods=(observation.time_s - self.held_since_s) / self.control_period_s,
+            held_periods=whole_periods(
+                observation.time_s - self.held_since_s, self.control_period_s
+            ),
             wait_quantile=(
                 DEFAULT_WAIT_QUANTILE
                 if self.slo_budget is None

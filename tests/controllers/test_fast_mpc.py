@@ -505,6 +505,16 @@ def test_the_fast_mpc_tracks_the_clock_the_node_holds(synthetic_plant) -> None: 
     assert seen[1] == (clocks[3], pytest.approx(1.0))
     assert seen[2] == (clocks[3], pytest.approx(2.0))
     assert seen[3][0] is None  # nothing locked: nothing held
+    # A node's ticks wake a little after their targets: held since a tick that woke later,
+    # the clock has been held whole periods, as the safety chain counts them.
+    seen.clear()
+    for time_s, locked in ((1.0003, clocks[-1]), (1.2502, clocks[3]), (1.5001, clocks[3])):
+        observation = replace(_observation(time_s=time_s), requested_clock_mhz=locked)
+        controller(observation)
+        problem = controller.last_problem
+        assert problem is not None
+        seen.append((problem.held_clock_mhz, problem.held_periods))
+    assert seen[1:] == [(clocks[3], 1.0), (clocks[3], 2.0)]
     with pytest.raises(ValueError, match="dwell_s"):
         MPCController(synthetic_plant, dwell_s=-1.0)
 
