@@ -274,8 +274,25 @@ def _stdout_failed(stream: Any, error: OSError) -> int:
     return EXIT_FAILURE
 
 
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+"""What starts a BLAS (OpenBLAS, MKL, an OpenMP build) with a number of threads."""
+
+
+def one_blas_thread() -> None:
+    """Start this process's BLAS, and its children's, with one thread: called before
+    numpy loads. An OpenBLAS started with more and limited to one later (the runners'
+    ``threadpoolctl`` limit) sums in another order than one started with one (a Ray
+    worker, a one-core machine), and the SLSQP MPC's decisions followed it, so a study's
+    numbers depended on the machine's cores and the runner."""
+    for name in BLAS_THREAD_VARIABLES:
+        os.environ[name] = "1"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
+
+    As the process's own command line (``argv`` None), its BLAS starts with one thread
+    (:func:`one_blas_thread`).
 
     Ctrl-C ends any command with one line and exit code 130, SIGTERM a long offline
     command (:data:`STOPPED_BY_SIGTERM`) with one line and 143, after the same cleanup
@@ -283,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     any command with one line and exit 1, a closed one (``gpugov profiles --json | head``)
     quietly with exit 1 (the Python docs' SIGPIPE recipe).
     """
+    if argv is None:
+        one_blas_thread()
     stream = sys.stdout
     if stream is None:  # started with stdout closed: nothing to guard
         return _main_guarded(argv)
