@@ -211,6 +211,8 @@ def summarize(
                 "power_cap_violation_s": _mean([m["power_cap_violation_s"] for m in metrics]),
                 "thermal_violation_s": _mean([m["thermal_violation_s"] for m in metrics]),
                 "cap_overshoot_s": _mean([m.get("cap_overshoot_s") for m in metrics]),
+                # Summed, not a mean: how many answers the chain replaced, over the seeds.
+                "invalid_decisions": sum(int(row.get("invalid_decisions") or 0) for row in members),
             }
         )
     return table
@@ -275,6 +277,28 @@ def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) 
         )
         for cells in [header, *body]
     )
+
+
+def invalid_decisions_markdown(table: Sequence[Mapping[str, Any]]) -> str:
+    """The paragraph of ``summary.md`` that names each controller whose decisions were not
+    a clock (the chain ran the top clock instead): how many, over how many cells; empty
+    when none were. Its rows are in the table, so the reader must know they are not its
+    own clocks."""
+    counts: dict[str, list[int]] = {}
+    for row in table:
+        if row.get("invalid_decisions"):
+            found = counts.setdefault(row["controller"], [0, 0])
+            found[0] += int(row["invalid_decisions"])
+            found[1] += int(row["seeds"])
+    if not counts:
+        return ""
+    lines = ["Not its own clocks (the safety chain ran the top clock instead):", ""]
+    lines += [
+        "- "
+        + printable(f"{controller}: {count} decision(s) on {cells} cell(s) were not a clock in MHz")
+        for controller, (count, cells) in counts.items()
+    ]
+    return "\n".join(lines) + "\n\n"
 
 
 def failed_cells_markdown(failed: Sequence[Mapping[str, Any]]) -> str:
@@ -361,6 +385,7 @@ __all__ = [
     "cell_result",
     "failed_cells_markdown",
     "format_table",
+    "invalid_decisions_markdown",
     "ok_rows_by_key",
     "read_results",
     "row_cell",

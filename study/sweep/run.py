@@ -51,6 +51,7 @@ from gpugov.study.sweep_results import (
     cell_result,
     failed_cells_markdown,
     format_table,
+    invalid_decisions_markdown,
     ok_rows_by_key,
     read_results,
     row_cell,
@@ -365,7 +366,8 @@ def _run_plan(
             f"# gpugov sweep: {printable(grid_path.name)}\n\n"
             f"{len(plan.cells)} cells; means over seeds; "
             f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-            f"seed.\n\n{failed_cells_markdown(failed)}{format_table(table, markdown=True)}\n"
+            f"seed.\n\n{failed_cells_markdown(failed)}{invalid_decisions_markdown(table)}"
+            f"{format_table(table, markdown=True)}\n"
         ),
     }
     plot = sweep_plot(table)

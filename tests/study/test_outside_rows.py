@@ -200,3 +200,34 @@ def test_the_report_and_the_markdown_name_decisions_that_are_not_a_clock(
     for markdown in (out / "scoreboard.md", report / "report.md"):
         (line,) = [line for line in markdown.read_text().splitlines() if phrase in line]
         assert "top clock" in line
+
+
+def test_a_sweeps_summary_names_decisions_that_are_not_a_clock_after_a_resume(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A controller whose answers the chain replaced by the top clock is named with the
+    count in summary.md and counted in summary.json's table; a --resume, which runs no
+    cell again and so warns of none, keeps saying it."""
+    grid = tmp_path / "grid.toml"
+    spec = f"{outside}:not_a_number"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f'controllers = ["max", "{spec}"]\nseeds = [0, 1]\nduration_s = 10.0\n'
+    )
+    out = tmp_path / "out"
+    argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    assert main(argv) == 0
+    assert main([*argv, "--resume"]) == 0
+    capsys.readouterr()
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    count = sum(row["invalid_decisions"] for row in rows if row["controller"] == spec)
+    assert count > 0
+    table = {
+        row["controller"]: row for row in json.loads((out / "summary.json").read_text())["table"]
+    }
+    assert table[spec]["invalid_decisions"] == count
+    assert table["max"]["invalid_decisions"] == 0
+    summary = (out / "summary.md").read_text()
+    (line,) = [line for line in summary.splitlines() if f"{spec}: {count} decision(s)" in line]
+    assert "2 cell(s)" in line and "not a clock" in line
+    assert "Not its own clocks (the safety chain ran the top clock instead):" in summary
