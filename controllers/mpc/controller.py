@@ -250,8 +250,9 @@ class MPCController:
             )
         self.solve_budget_evaluations = solve_budget_evaluations
         self.plant = plant
-        self._stated_plant: ServingPlant | None = None
-        """:attr:`plant` at the thermal limit the node last stated (:meth:`planning_plant`)."""
+        self._stated_plant: tuple[ServingPlant, ServingPlant] | None = None
+        """(:attr:`plant`, it at the thermal limit the node last stated):
+        :meth:`planning_plant`'s, kept while neither changes."""
         self.horizon_steps = int(np.ceil(horizon_s / control_period_s))
         self.control_period_s = float(control_period_s)
         self.solve_time_limit_s = float(solve_time_limit_s)
@@ -410,9 +411,11 @@ class MPCController:
             + plant.thermal_resistance_c_per_w * float(np.min(plant.profile.idle_power_w))
         ):
             return plant
-        stated = self._stated_plant
-        if stated is None or stated.thermal_limit_c != limit:
-            stated = self._stated_plant = plant.with_overrides(thermal_limit_c=float(limit))
+        kept = self._stated_plant
+        if kept is not None and kept[0] is plant and kept[1].thermal_limit_c == limit:
+            return kept[1]
+        stated = plant.with_overrides(thermal_limit_c=float(limit))
+        self._stated_plant = (plant, stated)
         return stated
 
     def problem(self, observation: ServingObservation, arrival_rate: float) -> MPCProblem:

@@ -51,3 +51,15 @@ def test_mpc_plans_to_the_thermal_limit_the_node_states(kind: str) -> None:
     controller = MPCController(plant, horizon_s=5.0, latency_model=kind)
     problem = controller.problem(_hot_observation(0.0, 60.0), 1.0)
     assert problem.plant.thermal_limit_c == 60.0 and controller.plant is plant
+
+
+def test_a_replaced_plant_is_planned_at_the_stated_limit_too() -> None:
+    """mpc-online hands its MPC a newly learned plant every decision: the problem is
+    the new plant at the stated limit, never the plant the limit was first applied to."""
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    controller = MPCController(plant, horizon_s=5.0)
+    first = controller.problem(_hot_observation(0.0, 60.0), 1.0).plant
+    assert (first.thermal_limit_c, first.ambient_temperature_c) == (60.0, 30.0)
+    controller.plant = plant.with_overrides(ambient_temperature_c=35.0)
+    again = controller.problem(_hot_observation(1.0, 60.0), 1.0).plant
+    assert (again.thermal_limit_c, again.ambient_temperature_c) == (60.0, 35.0)
