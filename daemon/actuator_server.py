@@ -60,7 +60,12 @@ DEFAULT_SOCKET = "/run/gpugov-actuator/actuator.sock"
 DEFAULT_LEASE_S = 3.0
 MIN_LEASE_S = 0.2
 DEFAULT_MAX_LEASE_S = 30.0
-DEFAULT_MIN_RELOCK_S = 0.1
+DEFAULT_MIN_RELOCK_S = 0.05
+"""The least seconds between two locks of one GPU (``--min-relock-s``): the ~50 ms at which
+clock changes stall a tensor-parallel group's collectives, a guard under the governor's
+own pacing (``safety.min_relock_interval_s``, 0.1 s by its ticks), which leaves a tick's
+latency room: a lock is written some milliseconds into its tick, more in one than the
+next, so two changes a tick apart can reach the actuator sooner than 0.1 s."""
 MAX_LINE_BYTES = 4096
 """A request line longer than this closes the connection (no request is that long)."""
 MAX_PENDING_OUT_BYTES = 64 * 1024

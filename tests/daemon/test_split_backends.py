@@ -781,3 +781,36 @@ def test_a_gpu_the_actuator_does_not_serve_is_refused_by_check_config_and_run(
     finally:
         served.stop()
     assert nvml.writes == []  # nothing was locked, nor reset
+
+
+def test_changes_paced_at_the_governors_interval_are_never_refused_for_their_ticks_latency(
+    socket_path: Path,
+) -> None:
+    """The governor paces its changes by its ticks (``safety.min_relock_interval_s``, 0.1
+    s); each lock is written some milliseconds into its tick (the reads, the scrape, the
+    decision), more in one tick than in the next, so two changes a tick apart reach the
+    actuator that much sooner than 0.1 s. Its own limit leaves them that room: a change
+    was refused as rate-limited about every other tick at ``period_s = 0.1``."""
+    import os
+    import time
+
+    nvml = FakeNvml(2)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    served.server.min_relock_s = actuator_server.DEFAULT_MIN_RELOCK_S
+    _client, backends = _governor(nvml, socket_path)
+    actuator = ClockActuator(backends, domain="llm")
+    try:
+        assert actuator.write_path_problem() is None
+        assert actuator.apply(1410) == 2
+        for clock in (1200, 1410, 1005):
+            time.sleep(0.085)  # the next tick's change, written 15 ms sooner into it
+            assert actuator.apply(clock) == 2
+        assert actuator.write_errors == 0
+        assert [nvml.locked(i) for i in (0, 1)] == [(1005, 1005)] * 2
+        served.server.min_relock_s = 60.0  # a governor relocking faster than its own
+        assert actuator.apply(900) == 0  # pacing is still refused
+        assert actuator.write_failures == {"0": 1, "1": 1}
+    finally:
+        for backend in backends:
+            backend.close()
+        served.stop()
