@@ -302,7 +302,7 @@ class ClockActuator:
             rest = [item for item in planned if item not in first] if through else []
         if rest:
             more, kept = self._lock_planned(rest, clock_mhz, before)
-            written += more + self._not_split(rest, kept, clock_mhz)
+            written += more + self._not_split(planned, kept, clock_mhz)
         if written:
             self.writes += written
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)

@@ -259,7 +259,11 @@ def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
         lowered = [w for w in fake.writes if w[0] == "nvmlDeviceSetGpuLockedClocks" and w[2] == 900]
         assert len(lowered) == 3  # once; then GPU 2 is tried alone, the others left at 1980
         assert actuator.writes == len(fake.writes) == 4 + 3 + 3  # the rollback counted
-        fake.gpus[2].lock_error = None
+        fake.gpus[2].lock_error = None  # GPU 2 goes through first, then GPU 3 fails
+        fake.gpus[3].lock_error = fp.NVML_ERROR_TIMEOUT
+        actuator.apply(900)
+        assert _locks(fake) == [(1980, 1980)] * 4  # GPU 2 locked back with 0 and 1
+        fake.gpus[3].lock_error = None
         actuator.apply(900)
         assert _locks(fake) == [(900, 900)] * 4 and actuator.applied_mhz == 900
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
