@@ -117,7 +117,7 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ApiError(f"{key} must be an integer, got {value!r}")
     if value < 1:
-        raise ApiError(f"max_tokens must be at least 1, got {value}.")
+        raise ApiError(f"{key} must be at least 1, got {value}.")
     return value
 
 
@@ -151,9 +151,18 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
     prompt_tokens = _chat_length(body) if chat else _prompt_length(body)
     requested = _positive_int(body, "max_completion_tokens") if chat else None
     requested = requested or _positive_int(body, "max_tokens")
-    if requested is None:
-        requested = max_model_len - prompt_tokens if chat else DEFAULT_COMPLETION_MAX_TOKENS
-    if prompt_tokens + requested > max_model_len or requested < 1:
+    if requested is None and chat:
+        # vLLM's default: what the model has left after the prompt, refused when none is.
+        if prompt_tokens >= max_model_len:
+            raise ApiError(
+                f"This model's maximum context length is {max_model_len} tokens. However, "
+                f"you requested {prompt_tokens} tokens in the messages, Please reduce the "
+                "length of the messages."
+            )
+        requested = max_model_len - prompt_tokens
+    elif requested is None:
+        requested = DEFAULT_COMPLETION_MAX_TOKENS
+    if prompt_tokens + requested > max_model_len:
         raise ApiError(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_tokens + requested} tokens ({prompt_tokens} in the messages, "
