@@ -465,7 +465,18 @@ class PersistentOnlineModel(ControllerWrapper):
     def _restore_budget(self, payload: dict[str, Any], observation: ServingObservation) -> None:
         """Go on measuring the stored SLO budget window where it applies
         (:func:`daemon.stored_slo_window.restore_window`), this run's counters going on
-        from its last snapshot where they start again."""
+        from its last snapshot where they start again. Not once this run's window has
+        counted a request (the served model changed mid-run): the window is the domain's,
+        whatever model it serves, and the stored one would drop its misses."""
+        budget = self.inner.budget
+        if budget is not None and budget.last is not None and budget.last.requests > 0:
+            if payload.get("slo_budget") is not None:
+                self._say(
+                    logging.INFO,
+                    f"{self.path}: SLO budget window not applied: this run's window has "
+                    f"measured {budget.last.requests:g} requests, and goes on",
+                )
+            return
         snapshots = restore_window(
             self.inner.budget, payload, observation, path=self.path, say=self._say
         )

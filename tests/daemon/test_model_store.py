@@ -1826,6 +1826,34 @@ def test_a_restarted_node_whose_slo_counters_start_again_keeps_the_window_it_mea
     assert restored.last.requests > budget.last.requests  # both runs' requests
 
 
+def test_a_served_model_change_keeps_the_slo_window_this_run_measured(tmp_path: Path) -> None:
+    """The SLO window is the domain's, whatever model it serves: when the served model
+    changes mid-run and the new name's model comes back from its file, the window stored
+    with that model does not replace the one this run has measured (whose misses it
+    would drop); only a start goes on from a stored window."""
+    _learn_budgeted(tmp_path)  # llama's model and window, stored
+    wrapper = PersistentOnlineModel(_budgeted(), tmp_path, "llm", GPUS)
+    simulate(
+        poisson_requests(60.0, seed=5),
+        make_plant(),
+        chunked_prefill_scheduler,
+        Named(wrapper, "mistral"),
+        0,
+    )
+    budget = wrapper.inner.budget
+    assert budget is not None and budget.last is not None
+    live = budget.last.requests
+    last = wrapper._last_observation
+    assert last is not None and live > 0
+    seen = len(wrapper.messages)
+    for tick in range(1, 7):
+        wrapper(replace(last, time_s=last.time_s + 0.25 * tick, model_name="llama"))
+    assert wrapper.restored and wrapper.key is not None and wrapper.key.model_name == "llama"
+    assert not any("SLO budget window restored" in m for m in wrapper.messages[seen:])
+    assert wrapper.inner.budget is budget and budget.last is not None
+    assert budget.last.requests >= live
+
+
 def test_a_stored_slo_window_of_another_boot_or_damaged_keeps_the_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
