@@ -28,6 +28,7 @@ from gpugov import __version__
 from gpugov.daemon.files import json_safe, write_files_atomic
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
+from gpugov.study.provenance import LIBRARIES
 from gpugov.study.scoreboard.report import (
     cell,
     failed_controller_lines,
@@ -304,7 +305,8 @@ def build_report(
         "created_utc": created_utc
         or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": reproduce_command(config, report_dir),
-        "versions": {
+        "versions": payload.get("versions")
+        or {
             "gpugov": payload.get("gpugov_version", __version__),
             "python": platform.python_version(),
         },
@@ -333,14 +335,33 @@ def build_report(
     }
 
 
+def versions_line(versions: Mapping[str, Any]) -> str:
+    """``gpugov 0.2.0 (commit 1a2b3c4d5e6f, modified), Python 3.11.7, numpy 2.1.0, ...``
+    and each outside controller's source: what ran the report, for ``report.md``."""
+    source = versions.get("source") or {}
+    commit = ""
+    if source.get("commit"):
+        commit = f" (commit {source['commit'][:12]}{', modified' if source.get('dirty') else ''})"
+    parts = [f"gpugov {versions['gpugov']}{commit}", f"Python {versions['python']}"]
+    parts += [f"{name} {versions[name]}" for name in LIBRARIES if versions.get(name)]
+    for entry in versions.get("outside_controllers") or ():
+        package = entry.get("package")
+        where = (
+            f"package {package} {entry.get('package_version') or '?'}"
+            if package
+            else f"module sha256 {(entry.get('module_sha256') or '?')[:12]}"
+        )
+        parts.append(f"{entry['spec']} from {entry['factory']} ({where})")
+    return ", ".join(parts)
+
+
 def report_markdown(report: Mapping[str, Any]) -> str:
     """``report.md``: the report for reading."""
     deadlines = [f"{round(d * 1000)}ms" for d in report["tpot_deadlines_s"]]
     lines = [
         f"# gpugov governor benchmark ({report['mode']})",
         "",
-        f"gpugov {report['versions']['gpugov']}, Python {report['versions']['python']}; "
-        f"created {report['created_utc']}. Reproduce with:",
+        f"{versions_line(report['versions'])}; created {report['created_utc']}. Reproduce with:",
         "",
         "```sh",
         report["command"],

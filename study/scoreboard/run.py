@@ -92,6 +92,7 @@ from gpugov.study.online_eval import (
     model_error_by_clock,
     summarize_model_error,
 )
+from gpugov.study.provenance import software_versions
 from gpugov.study.runners import CellProgress, RunnerSpec, map_cells
 from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
@@ -716,6 +717,7 @@ def run_scoreboard(
         },
         "runner": runner.describe(),
         "gpugov_version": __version__,
+        "versions": software_versions(config.outside_controllers),
         "profiles": {name: shared[f"profile:{name}"].describe() for name in config.profiles},
         "wall_s": elapsed,
         "scenarios": scenarios,

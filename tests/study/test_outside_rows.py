@@ -231,3 +231,48 @@ def test_a_sweeps_summary_names_decisions_that_are_not_a_clock_after_a_resume(
     (line,) = [line for line in summary.splitlines() if f"{spec}: {count} decision(s)" in line]
     assert "2 cell(s)" in line and "not a clock" in line
     assert "Not its own clocks (the safety chain ran the top clock instead):" in summary
+
+
+def test_the_report_names_the_software_and_the_outside_code_it_ran(
+    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A figure depends on more than gpugov's version: report.json and the board record
+    the libraries that solve and sum it, the checkout's commit when gpugov runs from one,
+    and the outside controller's module (its file's sha256, no package for a module on
+    the path); report.md says them in its first line."""
+    import hashlib
+    import importlib.metadata
+    import subprocess
+
+    import gpugov
+
+    out, report = tmp_path / "board", tmp_path / "report"
+    spec = f"{outside}:make"
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    assert main([*argv, "--report", str(report), "--controller", spec]) == 0
+    capsys.readouterr()
+    published = json.loads((report / "report.json").read_text())
+    versions = published["versions"]
+    assert json.loads((out / "scoreboard.json").read_text())["versions"] == versions
+    for library in ("numpy", "scipy", "numba"):
+        assert versions[library] == importlib.metadata.version(library)
+    package = Path(gpugov.__file__).parent
+    tracked = subprocess.run(
+        ["git", "-C", str(package), "ls-files", "--error-unmatch", "__init__.py"],
+        capture_output=True,
+        check=False,
+    )
+    if tracked.returncode == 0:  # run from a checkout: its commit
+        commit = versions["source"]["commit"]
+        assert len(commit) == 40 and isinstance(versions["source"]["dirty"], bool)
+    else:
+        assert versions["source"] is None
+    (source,) = versions["outside_controllers"]
+    module = tmp_path / f"{outside}.py"
+    assert source["spec"] == source["factory"] == spec
+    assert source["module_file"] == str(module)
+    assert source["module_sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()
+    assert source["package"] is None and source["package_version"] is None
+    first = (report / "report.md").read_text().splitlines()[2]
+    assert f"numpy {versions['numpy']}" in first and f"scipy {versions['scipy']}" in first
+    assert f"{spec} from {spec} (module sha256 {source['module_sha256'][:12]})" in first
