@@ -193,17 +193,17 @@ class Domain:
             self.power_limits.apply(self.controller.requested_power_cap_w)
 
     def _failsafe_clock(self, now_s: float) -> tuple[float | None, int]:
-        """Apply the fail-safe at ``now_s``: lock the top clock (``"max"``), which the
-        safety chain then holds for its dwell, or unlock; a power cap the controller set
-        gives way to the GPUs' own limits either way."""
+        """Apply the fail-safe at ``now_s``: lock the top clock (``"max"``) or unlock, which
+        runs the GPUs up to it; the safety chain then holds the top clock for its dwell. A
+        power cap the controller set gives way to the GPUs' own limits either way."""
         self._apply_cap(failsafe=True)
+        top = self.observer.gpus.supported_clocks_mhz()[-1]
         if self.failsafe_mode == "max":
-            clocks = self.observer.gpus.supported_clocks_mhz()
-            target = clocks[-1]
-            writes = self.actuator.apply(int(target))
-            held_by_node(self.controller, target, now_s)
-            return target, writes
-        return None, self.actuator.unlock()
+            writes = self.actuator.apply(int(top))
+        else:
+            writes = self.actuator.unlock()
+        held_by_node(self.controller, top, now_s)
+        return (top if self.failsafe_mode == "max" else None), writes
 
     def _failsafe(self, observed: Observed) -> tuple[float | None, int]:
         if not self.failsafe_active:

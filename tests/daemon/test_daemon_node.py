@@ -431,3 +431,36 @@ def test_the_fail_safe_top_clock_is_held_for_the_dwell_and_no_relock_comes_soone
     assert len(changes) == 2  # up to the top clock, and back down once
     assert changes[1] - changes[0] >= 0.5 - 1e-9  # the top clock held for the dwell
     assert applied[-1][1] == 1410
+
+
+def test_after_the_unlock_fail_safe_the_clock_is_not_lowered_within_the_dwell(
+    vllm_server: MetricsServer,
+) -> None:
+    """The unlock fail-safe runs the GPUs up to their top clock: once the controller decides
+    again the chain holds the top clock for its dwell (a lock at it), where it locked the
+    controller's lower clock 50 ms after the reset at a 0.05 s period."""
+    fake = FakeNvml(2)
+    section = {
+        "name": "llm",
+        "gpus": [0, 1],
+        "failsafe": "unlock",
+        "stale_after_s": 0.08,
+        "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.025},
+        "controller": {"kind": "fixed", "clock_mhz": 1410},
+        "safety": {"dwell_s": 0.5, "min_relock_interval_s": 0.1},
+    }
+    config = parse_config({"daemon": {"period_s": 0.05}, "domains": [section]})
+    assembled = domains_from_config(config, nvml=fake)
+
+    def on_step(step: int, records: list[TickRecord]) -> None:
+        vllm_server.down = step in (1, 2)
+
+    clock = VirtualClock()
+    loop = TimedLoop(0.05, clock=clock, sleep=clock.sleep)
+    records, _ = run_ticks(assembled.domains, 20, on_step=on_step, loop=loop)
+    assembled.close()
+    unlocked = [r.time_s for r in records if r.failsafe]
+    lowered = [r.time_s for r in records if not r.failsafe and r.requested_mhz == 1410.0]
+    back = [t for t in lowered if t > unlocked[-1]]
+    assert unlocked and back and back[0] - unlocked[0] >= 0.5 - 1e-9
+    assert records[-1].applied_mhz == 1410
