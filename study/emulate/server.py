@@ -38,6 +38,7 @@ series (``vllm:request_success_total`` counts finished requests only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -109,6 +110,29 @@ def energy_since(path: str) -> float | None:
     return since
 
 
+NVML_UINT_MAX = 2**32 - 1
+"""The largest clock NVML's lock call takes (a C unsigned int)."""
+
+
+def lock_request(raw: bytes) -> tuple[int, int] | None:
+    """The ``(min_mhz, max_mhz)`` of a ``POST /gpu/<i>/lock`` body, or None where NVML
+    could not take them (answered INVALID_ARGUMENT): not JSON, a clock missing or not an
+    integer (a float, a boolean, text), or past NVML's unsigned int."""
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    clocks = (body.get("min_mhz"), body.get("max_mhz"))
+    if not all(
+        isinstance(mhz, int) and not isinstance(mhz, bool) and 0 <= mhz <= NVML_UINT_MAX
+        for mhz in clocks
+    ):
+        return None
+    return int(clocks[0]), int(clocks[1])  # type: ignore[arg-type]
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: EmulatorServer
@@ -128,6 +152,39 @@ class _Handler(BaseHTTPRequestHandler):
             super().handle()
         except (BrokenPipeError, ConnectionResetError):
             log.debug("%s left before its answer was written", self.address_string())
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Send the status line, noting that this request is answered."""
+        self._answered = True
+        super().send_response(code, message)
+
+    def handle_one_request(self) -> None:
+        """One request; one that fails inside the server is one line on stderr and a 500
+        (when nothing was sent yet), and the connection closed: never socketserver's
+        traceback and a connection cut with no answer."""
+        self._answered = False
+        try:
+            super().handle_one_request()
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as error:  # a request's outermost edge: say it, answer, go on
+            self.close_connection = True
+            log.error(
+                "gpugov emulate: %s %s failed: %s: %s",
+                self.command,
+                str(self.path)[:200],
+                type(error).__name__,
+                error,
+            )
+            log.debug("the failed request's traceback", exc_info=True)
+            if not self._answered:
+                body = ApiError(
+                    f"Internal Server Error: {type(error).__name__}",
+                    status=500,
+                    kind="InternalServerError",
+                ).body()
+                with contextlib.suppress(OSError):  # the client left meanwhile
+                    self._send_json(500, body)
 
     # ----------------------------------------------------------------- helpers
     def _send_json(self, status: int, body: Any) -> None:
@@ -373,11 +430,8 @@ class _Handler(BaseHTTPRequestHandler):
         if match.group(2) == "/reset":
             code = node.reset_clocks(gpu)
         else:
-            try:
-                body = json.loads(raw or b"{}")
-                code = node.lock_clocks(gpu, int(body["min_mhz"]), int(body["max_mhz"]))
-            except (ValueError, KeyError, TypeError):
-                code = 2
+            clocks = lock_request(raw)
+            code = 2 if clocks is None else node.lock_clocks(gpu, *clocks)
         self._send_json(500 if code else 200, {"nvmlReturn": code})
 
     def _generate(self, raw: bytes, *, chat: bool) -> None:
