@@ -131,6 +131,8 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
         body = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ApiError(f"JSON decode error: {error}") from error
+    except RecursionError:  # arrays or objects nested deeper than the parser goes
+        raise ApiError("JSON decode error: nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     model = body.get("model", served_model)

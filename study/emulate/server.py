@@ -120,7 +120,7 @@ def lock_request(raw: bytes) -> tuple[int, int] | None:
     integer (a float, a boolean, text), or past NVML's unsigned int."""
     try:
         body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nested past the parser
         return None
     if not isinstance(body, dict):
         return None
@@ -170,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as error:  # a request's outermost edge: say it, answer, go on
             self.close_connection = True
             log.error(
-                "gpugov emulate: %s %s failed: %s: %s",
+                "%s %s failed: %s: %s",
                 self.command,
                 str(self.path)[:200],
                 type(error).__name__,

@@ -45,3 +45,17 @@ def test_a_zero_length_is_refused_naming_the_field_sent(key: str) -> None:
     """``max_completion_tokens: 0`` was refused as 'max_tokens must be at least 1'."""
     message = _refusal({"messages": [{"role": "user", "content": "hi"}], key: 0}, chat=True)
     assert message == f"{key} must be at least 1, got 0."
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_body_nested_past_the_json_parser_is_a_400(chat: bool) -> None:
+    """Arrays nested 100,000 deep raised RecursionError out of the request's parse."""
+    with pytest.raises(ApiError) as caught:
+        parse_request(
+            b"[" * 100_000 + b"]" * 100_000,
+            chat=chat,
+            served_model="m",
+            max_model_len=MODEL_LEN,
+        )
+    assert caught.value.status == 400
+    assert str(caught.value) == "JSON decode error: nested too deeply"

@@ -48,6 +48,7 @@ def _call(url: str, method: str, path: str, body: bytes | None = None) -> tuple[
         b'{"min_mhz": 900}',
         b"[900, 1000]",
         b"{not json",
+        b"[" * 100_000 + b"]" * 100_000,  # past the JSON parser's depth: a RecursionError
     ],
 )
 def test_a_lock_nvml_could_not_take_is_invalid_argument_and_changes_nothing(
@@ -79,7 +80,7 @@ def test_a_request_that_fails_in_the_server_is_a_500_and_one_line(
     said = [r for r in caplog.records if "the plant broke" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "ERROR" and said[0].exc_info is None
     assert (
-        said[0].getMessage() == "gpugov emulate: GET /gpu/0 failed: RuntimeError: the plant broke"
+        said[0].getMessage() == "GET /gpu/0 failed: RuntimeError: the plant broke"
     )
     # The server goes on serving.
     assert _call(emulator.url, "GET", "/gpu")[0] == 200
