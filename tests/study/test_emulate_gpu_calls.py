@@ -79,8 +79,6 @@ def test_a_request_that_fails_in_the_server_is_a_500_and_one_line(
     assert "Traceback" not in capfd.readouterr().err
     said = [r for r in caplog.records if "the plant broke" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "ERROR" and said[0].exc_info is None
-    assert (
-        said[0].getMessage() == "GET /gpu/0 failed: RuntimeError: the plant broke"
-    )
+    assert said[0].getMessage() == "GET /gpu/0 failed: RuntimeError: the plant broke"
     # The server goes on serving.
     assert _call(emulator.url, "GET", "/gpu")[0] == 200
