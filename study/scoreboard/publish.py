@@ -36,7 +36,10 @@ from gpugov.study.scoreboard.report import (
     head_to_head_markdown,
     invalid_decision_lines,
 )
+from gpugov.study.scoreboard.windows import window_markdown
 
+WINDOW_KEYS = ("window_starts_s", "window_summary", "window_overlaps")
+"""A ``--windows`` board's keys the report carries as they are."""
 REPORT_SCHEMA = 1
 """Version of ``report.json``'s layout; raised when a field changes meaning."""
 
@@ -332,6 +335,8 @@ def build_report(
         "head_to_head": head_to_head(rows),
         "machine": payload.get("machine"),
         "wall_s": payload.get("wall_s"),
+        # A --windows run: the starts, the summary over the windows and their overlaps.
+        **{key: payload[key] for key in WINDOW_KEYS if key in payload},
     }
 
 
@@ -428,6 +433,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             f"{cell(s['median_oracle_capture'], 1, 2)} |"
         )
     lines += head_to_head_markdown(report.get("head_to_head") or [])
+    lines += window_markdown(dict(report))
     for s in report["scenarios"]:
         lines += [
             "",

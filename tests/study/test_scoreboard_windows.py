@@ -35,11 +35,15 @@ from gpugov.study.scoreboard.windows import (
 @pytest.fixture(scope="module")
 def windows_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
     out = tmp_path_factory.mktemp("windows")
-    code, stdout, stderr = run_main(
-        # 10 s windows, not the tiny run's 15: three of them, and the window table.
-        ["bench", "controllers", "--tiny", "--windows", "3", "--duration", "10", "--out", str(out)]
-    )
+    argv = ["bench", "controllers", "--tiny", "--windows", "3", "--duration", "10"]
+    # 10 s windows, not the tiny run's 15: three of them, and the window table.
+    code, stdout, stderr = run_main([*argv, "--out", str(out), "--report", str(_report(out))])
     return out, code, stdout, stderr
+
+
+def _report(out: Path) -> Path:
+    """The --report folder of the windows run whose --out is ``out``."""
+    return out.parent / f"{out.name}-report"
 
 
 def test_tiny_windows_run_scores_every_window(windows_run: tuple[Path, int, str, str]) -> None:
@@ -81,6 +85,23 @@ def test_tiny_windows_run_scores_every_window(windows_run: tuple[Path, int, str,
     # At the recorded load a window's source is its --duration: none overlap.
     assert payload["window_overlaps"] == []
     assert "not held out" not in stderr and "Not held out" not in markdown
+
+
+def test_the_report_of_a_windows_run_holds_its_window_summary(
+    windows_run: tuple[Path, int, str, str],
+) -> None:
+    """The citable report of a --windows run carries what the board says of its windows:
+    the starts, the summary over them and the overlaps, in report.json and report.md."""
+    out, code, _, stderr = windows_run
+    assert code == 0, stderr
+    payload = json.loads((out / "scoreboard.json").read_text())
+    report = json.loads((_report(out) / "report.json").read_text())
+    for key in ("window_starts_s", "window_summary", "window_overlaps"):
+        assert report[key] == payload[key]
+    markdown = (_report(out) / "report.md").read_text()
+    assert "\n".join(window_markdown(payload)) in markdown
+    starts = payload["window_starts_s"]["azure-conv-10min"]
+    assert f"azure-conv-10min {', '.join(f'{s:g}' for s in starts)} s" in markdown
 
 
 def test_default_config_runs_one_window_per_trace() -> None:
