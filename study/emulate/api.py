@@ -4,8 +4,9 @@ Prompt length: ``prompt_token_ids`` or a list of token ids counts exactly; text 
 ``ceil(len(text) / 4)`` tokens (about four characters per token, OpenAI's rule of thumb),
 at least one; a chat request adds 4 tokens per message for the chat template.
 Output length: ``max_tokens`` (``max_completion_tokens`` for chat) with
-``ignore_eos: true``; otherwise an end-of-sequence token ends it earlier at random
-(:meth:`EmulatedNode.natural_output_tokens`). Errors are current vLLM's ``ErrorResponse``:
+``ignore_eos: true``; otherwise an end-of-sequence token ends it earlier at random, never
+before ``min_tokens`` (:meth:`EmulatedNode.natural_output_tokens`). Errors are current
+vLLM's ``ErrorResponse``:
 ``{"error": {"message": ..., "type": "BadRequestError", "param": null, "code": 400}}``.
 """
 
@@ -55,6 +56,9 @@ class Generation:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    min_tokens: int = 0
+    """Tokens generated before an end-of-sequence may end the output (vLLM's
+    ``min_tokens``)."""
 
 
 def text_tokens(text: str) -> int:
@@ -171,6 +175,16 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
             f"{requested} in the completion). Please reduce the length of the messages or "
             "completion."
         )
+    min_tokens = body.get("min_tokens")
+    min_tokens = 0 if min_tokens is None else min_tokens
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool):
+        raise ApiError(f"min_tokens must be an integer, got {min_tokens!r}")
+    if min_tokens < 0:
+        raise ApiError(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if min_tokens > requested:
+        raise ApiError(
+            f"min_tokens must be less than or equal to max_tokens={requested}, got {min_tokens}."
+        )
     return Generation(
         chat=chat,
         model=served_model,
@@ -179,6 +193,7 @@ def parse_request(raw: bytes, *, chat: bool, served_model: str, max_model_len: i
         ignore_eos=ignore_eos,
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
+        min_tokens=min_tokens,
     )
 
 

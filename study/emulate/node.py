@@ -474,13 +474,16 @@ class EmulatedNode:
         cap = int(engine.get("max_model_len", 131_072)) if isinstance(engine, dict) else 131_072
         return min(self.plant.kv_capacity_tokens, cap)
 
-    def natural_output_tokens(self, max_tokens: int, ignore_eos: bool) -> tuple[int, str]:
+    def natural_output_tokens(
+        self, max_tokens: int, ignore_eos: bool, min_tokens: int = 0
+    ) -> tuple[int, str]:
         """Output length and finish reason: ``max_tokens`` with ``ignore_eos``; else an
-        end-of-sequence drawn from a geometric law (mean 256 tokens), capped by it."""
+        end-of-sequence drawn from a geometric law (mean 256 tokens), never before
+        ``min_tokens`` (vLLM holds the end-of-sequence off until then), capped by it."""
         if ignore_eos:
             return max_tokens, "length"
         with self.lock:
-            natural = int(self._rng.geometric(1.0 / 256.0))
+            natural = max(int(self._rng.geometric(1.0 / 256.0)), min_tokens)
         if natural < max_tokens:
             return natural, "stop"
         return max_tokens, "length"

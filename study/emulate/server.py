@@ -441,7 +441,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raw, chat=chat, served_model=self.server.model, max_model_len=node.max_model_len
             )
             output_tokens, reason = node.natural_output_tokens(
-                generation.max_tokens, generation.ignore_eos
+                generation.max_tokens, generation.ignore_eos, generation.min_tokens
             )
             responder = Responder(generation)
             stream = node.submit(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic import make_plant
 
-from gpugov.study.emulate.api import ApiError, parse_request
+from gpugov.study.emulate.api import ApiError, Generation, parse_request
+from gpugov.study.emulate.node import EmulatedNode
 
 MODEL_LEN = 1000
 
@@ -59,3 +61,38 @@ def test_a_body_nested_past_the_json_parser_is_a_400(chat: bool) -> None:
         )
     assert caught.value.status == 400
     assert str(caught.value) == "JSON decode error: nested too deeply"
+
+
+def _generation(body: dict[str, object]) -> Generation:
+    return parse_request(
+        json.dumps(body).encode(), chat=False, served_model="m", max_model_len=MODEL_LEN
+    )
+
+
+def test_min_tokens_holds_off_the_end_of_sequence_as_vllms_does() -> None:
+    """``min_tokens`` was ignored: a request asking for at least 200 tokens without
+    ignore_eos ended at the drawn end-of-sequence (mean 256 tokens, often far fewer)."""
+    node = EmulatedNode(make_plant(), seed=3)
+    generation = _generation({"prompt": "hi", "max_tokens": 400, "min_tokens": 200})
+    assert generation.min_tokens == 200
+    lengths = [
+        node.natural_output_tokens(generation.max_tokens, False, generation.min_tokens)[0]
+        for _ in range(200)
+    ]
+    assert min(lengths) == 200 and max(lengths) == 400
+    plain = [node.natural_output_tokens(400, False)[0] for _ in range(200)]
+    assert min(plain) < 200  # without min_tokens the draw ends earlier at times
+
+
+@pytest.mark.parametrize(
+    ("min_tokens", "refusal"),
+    [
+        (-1, "min_tokens must be greater than or equal to 0, got -1."),
+        (11, "min_tokens must be less than or equal to max_tokens=10, got 11."),
+        (2.5, "min_tokens must be an integer, got 2.5"),
+    ],
+)
+def test_a_min_tokens_vllm_refuses_is_refused(min_tokens: object, refusal: str) -> None:
+    assert _refusal({"prompt": "hi", "max_tokens": 10, "min_tokens": min_tokens}, chat=False) == (
+        refusal
+    )
