@@ -289,9 +289,12 @@ class MPCController:
         """The clock the node has locked (the observation's), whose hold plans are priced
         against (:attr:`dwell_s`)."""
         self.last_temperature_c: float | None = None
-        """The last finite die temperature observed: a tick whose sensor gave none (NaN)
-        is planned from it, else from the plant's ambient (a NaN turned the thermal
-        limit's check off)."""
+        """The die temperature the last tick was planned from: the last finite reading,
+        carried forward by the plant's thermal RC at the power read since over ticks whose
+        sensor gave none (NaN); None before any (the plant's ambient is planned from)."""
+        self.last_temperature_s = -math.inf
+        """The observation time :attr:`last_temperature_c` holds at."""
+        self._last_power_w: float | None = None
         self.held_since_s = -math.inf
         """When the held clock was applied: the decision before the first observation
         that reported it."""
@@ -384,16 +387,41 @@ class MPCController:
         observed_window = min(self.arrival_window_s, max(observation.time_s, self.control_period_s))
         return float(self.arrivals_in_window) / observed_window
 
+    def remember_temperature(self, temperature_c: float | None, time_s: float) -> None:
+        """A die temperature read at ``time_s`` outside this MPC's own ticks (mpc-online's
+        warm-up): planned from where it is newer than what this MPC holds."""
+        if (
+            temperature_c is not None
+            and math.isfinite(temperature_c)
+            and time_s >= self.last_temperature_s
+        ):
+            self.last_temperature_c, self.last_temperature_s = float(temperature_c), time_s
+
     def _finite_temperature(self, observation: ServingObservation) -> float:
-        """The observation's die temperature where finite (remembered), else the last
-        finite one, else the plant's ambient."""
+        """The observation's die temperature where finite (remembered); else the last one
+        carried forward to now by the plant's thermal RC at the power read since (held
+        where no power was read), so a sensor that stops answering over the limit does
+        not hold the plan low for ever; else the plant's ambient."""
+        power = observation.power_w
+        if power is not None and math.isfinite(power) and power >= 0.0:
+            self._last_power_w = float(power)
         temperature = observation.temperature_c
+        now = float(observation.time_s)
         if math.isfinite(temperature):
-            self.last_temperature_c = float(temperature)
+            self.last_temperature_c, self.last_temperature_s = float(temperature), now
             return float(temperature)
-        if self.last_temperature_c is not None:
-            return self.last_temperature_c
-        return float(self.plant.ambient_temperature_c)
+        last = self.last_temperature_c
+        if last is None:
+            return float(self.plant.ambient_temperature_c)
+        elapsed = now - self.last_temperature_s
+        if self._last_power_w is not None and elapsed > 0.0:
+            plant = self.plant
+            steady = (
+                plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * self._last_power_w
+            )
+            last = steady + (last - steady) * math.exp(-elapsed / plant.thermal_time_constant_s)
+            self.last_temperature_c, self.last_temperature_s = last, now
+        return last
 
     def planning_plant(self, observation: ServingObservation) -> ServingPlant:
         """:attr:`plant` held to the thermal limit the node states (the observation's, a

@@ -261,8 +261,10 @@ class OnlineMPCController(MeasuredLatencyRules):
         """Data-parallel engines the last observation pooled: the controller learns and
         plans one of them (:func:`controllers.online.engines.engine_view`)."""
         self.last_temperature_c: float | None = None
-        """The last finite temperature observed (the MPC plans from it while a reading
-        is NaN, as before the GPU's first temperature read)."""
+        """The last finite temperature observed (the MPC plans from it, carried forward by
+        its thermal RC, while a reading is NaN)."""
+        self.last_temperature_s = -math.inf
+        """When :attr:`last_temperature_c` was read (observation time)."""
         self.__name__ = "mpc_online_clock"
         # Compile (or load from numba's cache) the kernels now, when the node builds the
         # controller: the model's first update and the MPC's first solve come later,
@@ -448,8 +450,8 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.mpc.plant = plant
         self.mpc.history_limit = self.history_limit
         # A tick with no temperature is planned from the last one this controller read
-        # (its warm-up's too, which the MPC did not see).
-        self.mpc.last_temperature_c = self.last_temperature_c
+        # (its warm-up's too, which the MPC did not see), carried forward by the MPC.
+        self.mpc.remember_temperature(self.last_temperature_c, self.last_temperature_s)
         # The wait for a batch place counts what the KV cache holds only where the engine
         # published its cache: the plant's default is no node's (MPCController).
         self.mpc.kv_batch_bound = kv_known
@@ -481,6 +483,7 @@ class OnlineMPCController(MeasuredLatencyRules):
             self.arrivals_baseline = arrival_baseline(observation)
         if math.isfinite(observation.temperature_c):
             self.last_temperature_c = float(observation.temperature_c)
+            self.last_temperature_s = float(observation.time_s)
         name = self.settled_name.update(observation.model_name, self.model_name)
         self._follow_name(name)
         if name is not None and self.model_name is not None and name != self.model_name:

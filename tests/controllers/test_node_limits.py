@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from gpugov.controllers.mpc.controller import MPCController
@@ -63,3 +66,31 @@ def test_a_replaced_plant_is_planned_at_the_stated_limit_too() -> None:
     controller.plant = plant.with_overrides(ambient_temperature_c=35.0)
     again = controller.problem(_hot_observation(1.0, 60.0), 1.0).plant
     assert (again.thermal_limit_c, again.ambient_temperature_c) == (60.0, 35.0)
+
+
+@pytest.mark.parametrize("kind", ["seed", "iteration"])
+def test_a_temperature_no_longer_read_is_carried_forward_by_the_rc(kind: str) -> None:
+    """The sensor stops answering (NaN) just after reading 62 C, over a 60 C limit, while
+    the GPU draws 150 W (whose steady state is 41.7 C): ten time constants later the MPC
+    plans as for a cooled die, not as for one held at 62 C for ever (it planned the
+    lowest clock as long as the reading stayed missing)."""
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+
+    def last_decision(temperatures: list[float]) -> float:
+        controller = MPCController(plant, horizon_s=5.0, latency_model=kind)
+        decision = math.nan
+        for tick, value in enumerate(temperatures):
+            observation = replace(
+                _hot_observation(10.0 * tick, 60.0),  # a tick every 10 s: 400 s in all
+                arrived_requests=100 * tick,  # 10 requests a second
+                temperature_c=value,
+                power_w=150.0,
+            )
+            decision = controller(observation)
+        return decision
+
+    cooled = last_decision([62.0] + [41.7] * 40)
+    missing = last_decision([62.0] + [math.nan] * 40)
+    held = last_decision([62.0] * 41)
+    assert held < cooled  # the hot die is held low
+    assert missing == cooled
