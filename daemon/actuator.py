@@ -308,6 +308,17 @@ class ClockActuator:
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
         return written
 
+    def _back_range(self, backend: GpuBackend, back: int | None) -> tuple[int, int] | None:
+        """What :meth:`_not_split` writes to ``backend`` to hold it at ``back`` (None: no
+        lock): the lock's range, or None (a reset) at or above its top clock."""
+        if back is None:
+            return None
+        try:
+            top = max(backend.supported_clocks_mhz())
+        except GpuError:  # a GPU lost meanwhile is said by its write
+            return None
+        return None if back >= top else self._range(backend, back)
+
     @staticmethod
     def _lowers(backend: GpuBackend, before: int | None, clock_mhz: int) -> bool:
         """Whether locking ``clock_mhz`` lowers ``backend``, which held ``before`` (None: no
@@ -386,31 +397,33 @@ class ClockActuator:
     ) -> int:
         """After a lowering to ``clock_mhz`` that failed on the GPUs of ``kept`` (each with
         the lock it kept), lock the GPUs of ``planned`` it went through on back at the
-        highest clock those kept (a reset where one kept none), so the group runs at one
-        clock; the first time one warning line. Returns the writes that went through."""
+        highest clock those kept, so the group runs at one clock; the first time one
+        warning line. Where that is no lock, or a GPU's top clock, the GPU is reset
+        instead, which no rate limit holds back (the actuator's limits only locks).
+        Returns the writes that went through."""
         lowered = [writer for writer, _ in planned if self.locked_mhz[writer.label] == clock_mhz]
         if not kept or not lowered:
             return 0
         values = list(kept.values())
         back = None if None in values else max(v for v in values if v is not None)
-        back_planned = [
-            (writer, None if back is None else self._range(writer.backend, back))
-            for writer in lowered
-        ]
+        back_planned = [(writer, self._back_range(writer.backend, back)) for writer in lowered]
         written = 0
-        for writer, finish in self._write_together(back_planned):
-            label = writer.label
+        for (writer, finish), (_, wanted) in zip(
+            self._write_together(back_planned), back_planned, strict=True
+        ):
+            label, what = writer.label, "reset" if wanted is None else "lock"
             try:
                 finish()
             except ClockWriteHung as error:
-                self._write_hung(writer, "lock" if back else "reset", error, clock_mhz, back)
+                held = None if wanted is None else wanted[1]
+                self._write_hung(writer, what, error, clock_mhz, held)
                 continue
             except TransientGpuError as error:
                 self.locked_mhz[label] = _UNKNOWN  # written again at the next apply
-                writer.failed("lock" if back else "reset", error)
+                writer.failed(what, error)
                 continue
             writer.succeeded()
-            self._holds(writer.backend, None if back is None else self._range(writer.backend, back))
+            self._holds(writer.backend, wanted)
             written += 1
         if not self._rollback_logged:
             self._rollback_logged = True
@@ -422,7 +435,7 @@ class ClockActuator:
                 clock_mhz,
                 ", ".join(sorted(kept)),
                 ", ".join(writer.label for writer in lowered),
-                "reset as well" if back is None else f"locked back at {back} MHz",
+                "reset as well" if back is None else f"back at {back} MHz",
             )
         return written
 

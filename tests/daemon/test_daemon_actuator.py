@@ -244,28 +244,35 @@ def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
     fake.nvmlInit()
     backends = _backends(fake)
     with ClockActuator(backends, domain="tp4", write_deadline_s=deadline_s) as actuator:
-        assert actuator.apply(1980) == 4
+        assert actuator.apply(1800) == 4
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
         with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator"):
             for _ in range(5):  # GPU 2 fails every lowering; the others follow it
                 actuator.apply(900)
-                assert _locks(fake) == [(1980, 1980)] * 4
+                assert _locks(fake) == [(1800, 1800)] * 4
         rollback = [r.getMessage() for r in caplog.records if "not split" in r.getMessage()]
         assert rollback == [
-            "domain tp4: the lock at 900 MHz failed on GPU(s) 2; GPU(s) 0, 1, 3 locked back "
-            "at 1980 MHz so the group is not split, and the lowering is written to the "
-            "failing GPU(s) first until it goes through (logged once)"
+            "domain tp4: the lock at 900 MHz failed on GPU(s) 2; GPU(s) 0, 1, 3 back at 1800 "
+            "MHz so the group is not split, and the lowering is written to the failing GPU(s) "
+            "first until it goes through (logged once)"
         ]
         lowered = [w for w in fake.writes if w[0] == "nvmlDeviceSetGpuLockedClocks" and w[2] == 900]
-        assert len(lowered) == 3  # once; then GPU 2 is tried alone, the others left at 1980
+        assert len(lowered) == 3  # once; then GPU 2 is tried alone, the others left at 1800
         assert actuator.writes == len(fake.writes) == 4 + 3 + 3  # the rollback counted
         fake.gpus[2].lock_error = None  # GPU 2 goes through first, then GPU 3 fails
         fake.gpus[3].lock_error = fp.NVML_ERROR_TIMEOUT
         actuator.apply(900)
-        assert _locks(fake) == [(1980, 1980)] * 4  # GPU 2 locked back with 0 and 1
+        assert _locks(fake) == [(1800, 1800)] * 4  # GPU 2 locked back with 0 and 1
         fake.gpus[3].lock_error = None
         actuator.apply(900)
         assert _locks(fake) == [(900, 900)] * 4 and actuator.applied_mhz == 900
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
         assert actuator.apply(1410) == 4  # a raise is never held back by a failing GPU
         assert _locks(fake)[:2] == [(1410, 1410)] * 2 and fake.locked(2) is None
+        # From the top clock the others are reset, run up to it as GPU 2 is held there:
+        # a reset, which no actuator's rate limit holds back as it would a lock.
+        fake.gpus[2].lock_error = None
+        actuator.apply(1980)
+        fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
+        actuator.apply(900)
+        assert _locks(fake) == [None, None, (1980, 1980), None]

@@ -814,3 +814,31 @@ def test_changes_paced_at_the_governors_interval_are_never_refused_for_their_tic
         for backend in backends:
             backend.close()
         served.stop()
+
+
+def test_a_lowering_failing_on_one_gpu_through_the_actuator_leaves_no_group_split(
+    socket_path: Path,
+) -> None:
+    """The GPUs a lowering went through on are held back with the one it failed on: from
+    its top clock by a reset, which the actuator's rate limit never refuses (a lock back
+    at the top clock, milliseconds after the lowering, was refused as rate-limited and
+    the group left at 900 MHz beside 1980)."""
+    import os
+
+    nvml = FakeNvml(4)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    served.server.min_relock_s = 60.0  # every lock back would fall within it
+    _client, backends = _governor(nvml, socket_path)
+    actuator = ClockActuator(backends, domain="tp4")
+    try:
+        assert actuator.write_path_problem() is None
+        assert actuator.apply(1980) == 4
+        for gpu in nvml.gpus:  # the limit counts from the lowering, not the first locks
+            served.server.gpus[str(gpu.index)].last_lock_s = -1e9
+        nvml.gpus[2].lock_error = 10  # NVML_ERROR_TIMEOUT
+        actuator.apply(900)
+        assert [nvml.locked(i) for i in range(4)] == [None, None, (1980, 1980), None]
+    finally:
+        for backend in backends:
+            backend.close()
+        served.stop()
