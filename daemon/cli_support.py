@@ -616,6 +616,25 @@ def slo_target_of(attainment: float | None) -> SLOTarget | None:
     return SLOTargetConfig(attainment=attainment, window_s=SLO_TARGET_WINDOW_S).target()
 
 
+def check_slo_target_period(
+    attainment: float | None, period_s: float, flags: str = "--slo-target, --control-period"
+) -> None:
+    """Refuse in one line (:class:`UsageError` naming ``flags``) an SLO target whose
+    window (:data:`SLO_TARGET_WINDOW_S`) spans fewer control periods than a config
+    allows (``slo_target.window_s`` at least 12 x ``daemon.period_s``), so that a study
+    runs no target a node would refuse."""
+    from gpugov.daemon.config import SLO_WINDOW_PERIODS
+
+    if attainment is None or SLO_WINDOW_PERIODS * period_s - 1e-9 <= SLO_TARGET_WINDOW_S:
+        return
+    raise UsageError(
+        f"{flags}: an SLO target counts the requests over {SLO_TARGET_WINDOW_S:g} s, which "
+        f"must span at least {SLO_WINDOW_PERIODS:g} control periods, as a config's "
+        f"slo_target.window_s must (a control period of at most "
+        f"{SLO_TARGET_WINDOW_S / SLO_WINDOW_PERIODS:g} s, got {period_s:g} s), or none"
+    )
+
+
 def control_period_of(period_s: float | None, spec: str) -> float:
     """``--control-period``'s value, or, unset, the period a node runs ``spec``'s
     controller at with ``daemon.period_s`` unset (0.25 s for ``mpc-online``, 1 s for the

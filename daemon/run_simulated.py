@@ -17,6 +17,7 @@ from gpugov.daemon.cli_outputs import check_output_file, simulated_run_inputs
 from gpugov.daemon.cli_support import (
     UsageError,
     check_metrics_address,
+    check_slo_target_period,
     check_workload_fits,
     checked_controller_flag,
     format_summary,
@@ -104,6 +105,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     spec = checked_controller_flag(args.controller, profile, default_profile=args.profile)
     if args.control_period is None:
         args.control_period = default_control_period(spec.kind)
+    check_slo_target_period(args.slo_target, args.control_period)
     safety = safety_from_args(args, profile.clock_mhz)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(

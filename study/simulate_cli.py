@@ -23,6 +23,7 @@ from gpugov.daemon.cli_support import (
     add_decision_arguments,
     add_engine_view_argument,
     add_safety_arguments,
+    check_slo_target_period,
     check_workload_fits,
     checked_controller_flag,
     control_period_of,
@@ -165,6 +166,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
     args.control_period = control_period_of(args.control_period, args.controller)
     require_positive("--control-period", args.control_period)
+    check_slo_target_period(args.slo_target, args.control_period)
     require_positive("--duration", args.duration)
     require_positive("--load-scale", args.load_scale)
     require_nonnegative("--latency-noise", args.latency_noise)

@@ -95,7 +95,14 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
         prepare_output_dir,
         simulated_run_inputs,
     )
-    from gpugov.daemon.cli_support import UsageError, control_period_of, note, warn, wrote
+    from gpugov.daemon.cli_support import (
+        UsageError,
+        check_slo_target_period,
+        control_period_of,
+        note,
+        warn,
+        wrote,
+    )
     from gpugov.daemon.errors import printable
     from gpugov.daemon.progress import Progress
     from gpugov.study.fleet.report import OUTPUT_NAMES, short_table, write_outputs
@@ -117,6 +124,7 @@ def _run_fleet_command(args: argparse.Namespace, holds: contextlib.ExitStack) ->
     if given:
         raise UsageError(f"{', '.join(given)}: not with --no-step (it runs no budget-step cells)")
     control_period = control_period_of(args.control_period, args.controller)
+    check_slo_target_period(args.slo_target, control_period)
     config = FleetConfig(
         nodes=args.nodes,
         profiles=args.profiles or DEFAULT_PROFILES,

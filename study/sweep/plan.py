@@ -17,6 +17,7 @@ import numpy as np
 from gpugov.daemon.cli_support import (
     UsageError,
     check_kv_fits,
+    check_slo_target_period,
     check_window_span,
     checked_controller_flag,
     control_period_of,
@@ -254,6 +255,11 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
     _check_cells(path, grid, profiles, shared)
     first = shared[f"trace:{grid.traces[0]}"]
     for spec in grid.controllers:
+        check_slo_target_period(
+            grid.settings()["slo_target"],
+            _period(grid.settings(), spec),
+            f"{path}: keys 'slo_target' and 'control_period_s' ({spec})",
+        )
         for entry, profile in profiles.items():
             try:
                 simulated_controller(

@@ -591,6 +591,25 @@ def test_numbers_are_refused_by_the_parser(
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--control-period", "60"],
+        ["run", "--simulate", "--control-period", "60"],
+        ["fleet", "--nodes", "2", "--control-period", "60"],
+    ],
+)
+def test_a_slo_target_window_of_fewer_than_twelve_periods_is_refused_as_a_config_refuses_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The simulated runs state the SLO target a config states (600 s), so they refuse a
+    control period a config refuses with it (at least 12 periods in the window), in one
+    line naming both flags; ``--slo-target none`` has no window to fill."""
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert "--slo-target, --control-period: " in line and "at most 50 s, got 60 s" in line
+
+
+@pytest.mark.parametrize(
     ("damage", "named"),
     [
         ("period", "header period_s must be a positive number"),

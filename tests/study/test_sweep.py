@@ -566,6 +566,10 @@ def test_a_worker_killed_mid_sweep_loses_nothing_and_counts_nothing_twice(
         ("slo_target = 1.0", "key 'slo_target': must be an attainment in (0, 1) or \"none\""),
         ('slo_target = "0.99"', "key 'slo_target': must be an attainment in (0, 1) or"),
         ("slo_target = true", "key 'slo_target': must be an attainment in (0, 1) or"),
+        (
+            "control_period_s = 60.0",
+            "keys 'slo_target' and 'control_period_s' (max): an SLO target counts the",
+        ),
     ],
 )
 def test_every_cell_is_checked_before_the_first_runs(
