@@ -24,7 +24,13 @@ from gpugov.controllers.baseline import (
     fixed_clock_controller,
     maximum_clock_controller,
 )
-from gpugov.controllers.contract import ControllerWrapper, HistoryBounded, layers, unwrap
+from gpugov.controllers.contract import (
+    Closable,
+    ControllerWrapper,
+    HistoryBounded,
+    layers,
+    unwrap,
+)
 from gpugov.daemon.controller_config import (
     AGFTControllerConfig,
     ControllerConfig,
@@ -751,10 +757,31 @@ def warm_up(
     return time.perf_counter() - started
 
 
+def close_controller(controller: ClockController, who: str) -> bool:
+    """Close ``controller``'s outermost closable layer (a wrapper closes the layers inside
+    it) once a study's run of it ends, as a node closes its controllers at exit: an
+    outside controller releases what it holds (a file, a client session, a thread) and a
+    learner persists. A failure (an exception, ``sys.exit()``, a ``GeneratorExit``) is one
+    warning line naming ``who``, never raised; Ctrl-C stays Ctrl-C's. Returns whether
+    the close went through (True where nothing needed one)."""
+    closable = next((layer for layer in layers(controller) if isinstance(layer, Closable)), None)
+    if closable is None:
+        return True
+    try:
+        closable.close()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # outside code: any failure of its close is its own
+        log.warning("%s: closing the controller failed: %r", who, error)
+        return False
+    return True
+
+
 __all__ = [
     "ControllerContext",
     "Forecasts",
     "build_controller",
+    "close_controller",
     "decision_deadline_s",
     "declared_spec",
     "planning_plant",

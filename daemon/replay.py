@@ -20,7 +20,12 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.daemon.config import SLOTargetConfig
 from gpugov.daemon.controller_config import ControllerConfig
 from gpugov.daemon.controller_spec import canonical_controller_name, spec_name
-from gpugov.daemon.decide import ControllerContext, Forecasts, build_controller
+from gpugov.daemon.decide import (
+    ControllerContext,
+    Forecasts,
+    build_controller,
+    close_controller,
+)
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.record import (
     RecordingError,
@@ -296,62 +301,71 @@ def replay(
     period_s, domains = check_header(path, header)
     check_ticks(path, rows, domains, counted)
     controllers = {}
-    for name, info in domains.items():
-        clocks = info["supported_clocks_mhz"]
-        try:
-            controllers[name] = _replayed_controller(spec, info, period_s, clocks)
-        except (TypeError, ValueError, OverflowError, AttributeError) as error:
-            raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
-    # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
-    recorded_names = sorted(
-        {canonical_controller_name(str(info.get("controller", "?"))) for info in domains.values()}
-    )
-    report = ReplayReport(
-        recorded_controller=", ".join(recorded_names),
-        replayed_controller=spec_name(spec),
-    )
-    for number, row in enumerate(rows, start=2):
-        progress.update(len(rows) + number - 2)
-        domain = tick_domain(f"{path}:{number}:", row, controllers)
-        if row.get("failsafe") or row.get("requested_mhz") is None:
-            report.skipped_failsafe += 1
-            continue
-        try:
-            observation = observation_from_dict(
-                row["observation"], domains[domain]["supported_clocks_mhz"]
-            )
-        except KeyError as error:
-            raise RecordingError(f"{path}:{number}: the tick has no {error}") from error
-        except (TypeError, ValueError) as error:
-            raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
-        try:
-            replayed = float(controllers[domain](observation))
-        except Exception as error:  # a controller's failure on one tick: named, no traceback
-            raise RecordingError(
-                f"{path}:{number}: the controller failed on this tick: "
-                f"{type(error).__name__}: {error}"
-            ) from error
-        recorded = finite_number(row["requested_mhz"])
-        step = row.get("step", 0)
-        if recorded is None or not (isinstance(step, int) and not isinstance(step, bool)):
-            raise RecordingError(
-                f"{path}:{number}: requested_mhz must be a number and step an integer, got "
-                f"{row['requested_mhz']!r:.40} and {step!r:.40}"
-            )
-        cap = row.get("power_cap_w")
-        recorded_cap = None if cap is None else finite_number(cap)
-        if cap is not None and recorded_cap is None:
-            raise RecordingError(
-                f"{path}:{number}: power_cap_w must be a number or null, got {cap!r:.40}"
-            )
-        _compare_caps(report, recorded_cap, _requested_cap(controllers[domain]))
-        report.compared += 1
-        report.recorded_sum_mhz += recorded
-        report.replayed_sum_mhz += replayed
-        report.abs_diff_sum_mhz += abs(replayed - recorded)
-        if abs(replayed - recorded) >= 1.0:
-            report.differences.append(
-                Difference(domain, int(row.get("step", 0)), observation.time_s, recorded, replayed)
-            )
-    progress.close(done=progress.total)
-    return report
+    try:
+        for name, info in domains.items():
+            clocks = info["supported_clocks_mhz"]
+            try:
+                controllers[name] = _replayed_controller(spec, info, period_s, clocks)
+            except (TypeError, ValueError, OverflowError, AttributeError) as error:
+                raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
+        # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
+        recorded_names = sorted(
+            {
+                canonical_controller_name(str(info.get("controller", "?")))
+                for info in domains.values()
+            }
+        )
+        report = ReplayReport(
+            recorded_controller=", ".join(recorded_names),
+            replayed_controller=spec_name(spec),
+        )
+        for number, row in enumerate(rows, start=2):
+            progress.update(len(rows) + number - 2)
+            domain = tick_domain(f"{path}:{number}:", row, controllers)
+            if row.get("failsafe") or row.get("requested_mhz") is None:
+                report.skipped_failsafe += 1
+                continue
+            try:
+                observation = observation_from_dict(
+                    row["observation"], domains[domain]["supported_clocks_mhz"]
+                )
+            except KeyError as error:
+                raise RecordingError(f"{path}:{number}: the tick has no {error}") from error
+            except (TypeError, ValueError) as error:
+                raise RecordingError(f"{path}:{number}: bad observation: {error}") from error
+            try:
+                replayed = float(controllers[domain](observation))
+            except Exception as error:  # a controller's failure on one tick: named, no traceback
+                raise RecordingError(
+                    f"{path}:{number}: the controller failed on this tick: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            recorded = finite_number(row["requested_mhz"])
+            step = row.get("step", 0)
+            if recorded is None or not (isinstance(step, int) and not isinstance(step, bool)):
+                raise RecordingError(
+                    f"{path}:{number}: requested_mhz must be a number and step an integer, got "
+                    f"{row['requested_mhz']!r:.40} and {step!r:.40}"
+                )
+            cap = row.get("power_cap_w")
+            recorded_cap = None if cap is None else finite_number(cap)
+            if cap is not None and recorded_cap is None:
+                raise RecordingError(
+                    f"{path}:{number}: power_cap_w must be a number or null, got {cap!r:.40}"
+                )
+            _compare_caps(report, recorded_cap, _requested_cap(controllers[domain]))
+            report.compared += 1
+            report.recorded_sum_mhz += recorded
+            report.replayed_sum_mhz += replayed
+            report.abs_diff_sum_mhz += abs(replayed - recorded)
+            if abs(replayed - recorded) >= 1.0:
+                report.differences.append(
+                    Difference(
+                        domain, int(row.get("step", 0)), observation.time_s, recorded, replayed
+                    )
+                )
+        progress.close(done=progress.total)
+        return report
+    finally:  # as a node closes its controllers at exit
+        for name, controller in controllers.items():
+            close_controller(controller, f"domain {name!r}: controller {spec_name(spec)!r}")

@@ -43,6 +43,7 @@ from gpugov.daemon.cli_support import (
     window_past_end_note,
     wrote,
 )
+from gpugov.daemon.decide import close_controller
 from gpugov.daemon.errors import ExitCode, Terminated, printable
 from gpugov.daemon.files import write_bytes_atomic, write_files_atomic
 from gpugov.daemon.outside import invalid_decision_note
@@ -240,6 +241,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED
+    finally:
+        close_controller(controller, f"controller {controller_label(args.controller)!r}")
     progress.close(result=result)
     invalid = invalid_decision_note(controller, controller_label(args.controller))
     if invalid is not None:

@@ -32,7 +32,7 @@ from gpugov.daemon.cli_support import (
     parse_controller_flag,
     slo_target_of,
 )
-from gpugov.daemon.decide import Forecasts
+from gpugov.daemon.decide import Forecasts, close_controller
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
@@ -357,40 +357,46 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     arrivals = iter(workload)
     upcoming = next(arrivals, None)
     progress: CellProgress | None = shared.get("progress")
-    for tick in range(config.ticks):
-        now = tick * period
-        if allocate is not None and tick > 0 and (tick % every == 0 or tick == signal_tick):
-            elapsed = max(now - allocation_time, 1e-9)
-            powers = [
-                (node.energy_j - mark) / elapsed
-                for node, mark in zip(nodes, allocation_mark, strict=True)
-            ]
-            status = reports(powers)
-            last_needs = [report.need_w for report in status]
-            caps = allocate(status, target(now))
-            for node, cap in zip(nodes, caps, strict=True):
-                node.set_cap(cap)
-            allocation_mark = [node.energy_j for node in nodes]
-            allocation_time = now
-        if tick % every == 0:
-            cap_ticks.append(now)
-            cap_series.append([node.cap_w for node in nodes])
-            need_series.append(last_needs)
-        end = now + period
-        arriving = []  # routed as a batch: the nodes do not step until the period ends
-        while upcoming is not None and upcoming.arrival_time_s < end:
-            arriving.append(upcoming)
-            upcoming = next(arrivals, None)
-        router.route(arriving, nodes)
+    try:
+        for tick in range(config.ticks):
+            now = tick * period
+            if allocate is not None and tick > 0 and (tick % every == 0 or tick == signal_tick):
+                elapsed = max(now - allocation_time, 1e-9)
+                powers = [
+                    (node.energy_j - mark) / elapsed
+                    for node, mark in zip(nodes, allocation_mark, strict=True)
+                ]
+                status = reports(powers)
+                last_needs = [report.need_w for report in status]
+                caps = allocate(status, target(now))
+                for node, cap in zip(nodes, caps, strict=True):
+                    node.set_cap(cap)
+                allocation_mark = [node.energy_j for node in nodes]
+                allocation_time = now
+            if tick % every == 0:
+                cap_ticks.append(now)
+                cap_series.append([node.cap_w for node in nodes])
+                need_series.append(last_needs)
+            end = now + period
+            arriving = []  # routed as a batch: the nodes do not step until the period ends
+            while upcoming is not None and upcoming.arrival_time_s < end:
+                arriving.append(upcoming)
+                upcoming = next(arrivals, None)
+            router.route(arriving, nodes)
+            for node in nodes:
+                node.step(end)
+            energies = [node.energy_j for node in nodes]
+            fleet_power.append(
+                sum(e - m for e, m in zip(energies, energy_mark, strict=True)) / period
+            )
+            energy_mark = energies
+            budgets.append(budget_at(config, cell, tdp, now + 0.5 * period))
+            caps_sum.append(sum(node.cap_w for node in nodes))
+            if progress is not None:
+                progress.report(cell.key, (tick + 1) * period * len(nodes))
+    finally:  # as a node closes its controllers at exit
         for node in nodes:
-            node.step(end)
-        energies = [node.energy_j for node in nodes]
-        fleet_power.append(sum(e - m for e, m in zip(energies, energy_mark, strict=True)) / period)
-        energy_mark = energies
-        budgets.append(budget_at(config, cell, tdp, now + 0.5 * period))
-        caps_sum.append(sum(node.cap_w for node in nodes))
-        if progress is not None:
-            progress.report(cell.key, (tick + 1) * period * len(nodes))
+            close_controller(node.controller, f"{node.name}: controller {config.controller!r}")
 
     results = [
         node.simulation.result(controller_name=config.controller, control_period_s=period)
@@ -628,7 +634,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]
         except UsageError as error:
             raise UsageError(f"{error} (profile {name})") from error
     workload, info = fleet_workload(config, plants, quiet=quiet)
-    FleetNode(
+    check = FleetNode(
         "check",
         first,
         config.controller,
@@ -637,6 +643,7 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]
         floor_w=config.floor_fraction * first.power_limit_w,
         slo_target=slo_target_of(config.slo_target),
     )
+    close_controller(check.controller, f"--controller {config.controller!r}")
     lines = (floor_warning(config, plants), load_warning(config, info))
     return tuple(line for line in lines if line is not None)
 

@@ -362,7 +362,7 @@ def check_outside_rows(config: BenchConfig) -> None:
     work, not minutes into the run."""
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.controller_spec import parse_controller_spec, shown_spec
-    from gpugov.daemon.decide import ControllerContext, build_controller
+    from gpugov.daemon.decide import ControllerContext, build_controller, close_controller
     from gpugov.daemon.errors import ControllerError
 
     if not config.outside_controllers:
@@ -371,9 +371,10 @@ def check_outside_rows(config: BenchConfig) -> None:
     context = ControllerContext(period_s=config.online_period_s, supported_clocks_mhz=clocks)
     for text in config.outside_controllers:
         try:
-            build_controller(parse_controller_spec(text), context)
+            built = build_controller(parse_controller_spec(text), context)
         except ControllerError as error:
             raise UsageError(f"--controller {shown_spec(text)}: {error}") from None
+        close_controller(built, f"--controller {shown_spec(text)}")
 
 
 def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:

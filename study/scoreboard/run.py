@@ -76,6 +76,7 @@ from gpugov.controllers.oracles import (
     oracle_capture,
     window_oracle,
 )
+from gpugov.daemon.decide import close_controller
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
@@ -374,7 +375,10 @@ def run_scenario(
                 else None
             )
             timed = TimedController(chain)
-            result, wall = run(timed, entry.key, entry.control_period_s, position)
+            try:
+                result, wall = run(timed, entry.key, entry.control_period_s, position)
+            finally:
+                close_controller(chain, f"{scenario.key}: controller {entry.key!r}")
         except Exception as error:  # another package's row: its failure costs it alone
             if not entry.outside:
                 raise

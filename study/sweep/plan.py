@@ -25,6 +25,7 @@ from gpugov.daemon.cli_support import (
     simulated_controller,
     slo_target_of,
 )
+from gpugov.daemon.decide import close_controller
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
 from gpugov.plant.profile import ProfileError
@@ -262,7 +263,7 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
         )
         for entry, profile in profiles.items():
             try:
-                simulated_controller(
+                built = simulated_controller(
                     spec,
                     ServingPlant.from_profile(profile),
                     first,
@@ -270,6 +271,7 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
                     safety=_safety(grid.settings()),
                     slo_target=slo_target_of(grid.settings()["slo_target"]),
                 )
+                close_controller(built, f"{path}: controller {spec!r} on {entry}")
             except UsageError as error:
                 raise UsageError(
                     f"{path}: key 'controllers' ({entry}): {_spec_message(error)}"

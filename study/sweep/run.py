@@ -15,6 +15,7 @@ from typing import Any
 from gpugov import __version__
 from gpugov.daemon.cli_outputs import check_not_an_input, check_output_dir, prepare_output_dir
 from gpugov.daemon.cli_support import UsageError, simulated_controller, slo_target_of
+from gpugov.daemon.decide import close_controller
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import json_safe, write_files_atomic, write_text_atomic
 from gpugov.daemon.progress import Progress
@@ -119,18 +120,21 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             # Results written before the key existed gave the controller no target.
             slo_target=slo_target_of(settings.get("slo_target")),
         )
-        result = simulate(
-            workload,
-            plant,
-            SCHEDULERS[settings["scheduler"]],
-            controller,
-            seed=cell.seed,
-            controller_name=cell.controller,
-            control_period_s=period,
-            # Results written before the view existed observed the exact state.
-            view=observation_view(settings.get("engine_view", "exact")),
-            on_progress=on_progress,
-        )
+        try:
+            result = simulate(
+                workload,
+                plant,
+                SCHEDULERS[settings["scheduler"]],
+                controller,
+                seed=cell.seed,
+                controller_name=cell.controller,
+                control_period_s=period,
+                # Results written before the view existed observed the exact state.
+                view=observation_view(settings.get("engine_view", "exact")),
+                on_progress=on_progress,
+            )
+        finally:
+            close_controller(controller, f"cell {cell.key}: controller {cell.controller!r}")
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {
             **base,
