@@ -37,6 +37,7 @@ from gpugov.daemon.record import (
 )
 from gpugov.daemon.roles import ROLES
 from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
+from gpugov.daemon.service import CONTROLLER_HISTORY_STEPS
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ClockController, PowerCapping
 
@@ -206,7 +207,8 @@ def _replayed_controller(
     otherwise only reports it; it spends the recorded domain's ``slo_target`` as the
     node did. It runs on virtual time, as every study does: an outside controller is
     called directly (no node's decision deadline) and an MPC solves within the
-    deterministic budget, so a busy machine cannot change a replayed decision.
+    deterministic budget, so a busy machine cannot change a replayed decision; it keeps
+    the history of plans a node keeps (:data:`~daemon.service.CONTROLLER_HISTORY_STEPS`).
 
     Raises:
         RecordingError: the header's ``slo_target`` is not a valid target.
@@ -231,6 +233,8 @@ def _replayed_controller(
         budget_enforced=bool(info.get("power_budget_held", False)),
         slo_target=_recorded_slo_target(info),
         time_mode="virtual",
+        # A day's recording is a day of decisions: keep a node's history, not all of it.
+        history_limit=CONTROLLER_HISTORY_STEPS,
     )
     return build_controller(spec, context)
 

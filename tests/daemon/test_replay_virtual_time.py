@@ -87,3 +87,32 @@ def test_a_replayed_mpc_solves_within_the_deterministic_budget() -> None:
     mpc = unwrap(chain)
     assert isinstance(mpc, MPCController)
     assert mpc.solve_budget_evaluations == DEFAULT_SOLVE_BUDGET_EVALUATIONS
+
+
+def test_a_long_replay_keeps_a_node_s_history_of_plans_not_every_one() -> None:
+    """A replay of a day's recording through an MPC kept every decision's plan and times
+    (hundreds of MB no report reads); it keeps the last ones, as the node that recorded
+    it did."""
+    from gpugov.daemon.service import CONTROLLER_HISTORY_STEPS
+    from gpugov.plant.types import ServingObservation
+
+    info = {"name": "sim", "gpus": ["0"], "gpu_names": ["NVIDIA H100 SXM5 80GB HBM3"]}
+    clocks = [float(c) for c in load_profile("h100-sxm-llama3-8b").clock_mhz]
+    chain = _replayed_controller(parse_controller_spec("mpc"), info, 1.0, clocks)
+    mpc = unwrap(chain)
+    assert isinstance(mpc, MPCController)
+    for step in range(CONTROLLER_HISTORY_STEPS + 50):
+        chain(
+            ServingObservation(
+                time_s=float(step),
+                step_index=step,
+                arrived_requests=step,
+                prefill_remaining_tokens=0.0,
+                decode_active=0,
+                generated_decode_tokens=0.0,
+                temperature_c=40.0,
+                supported_clocks_mhz=tuple(clocks),
+            )
+        )
+    assert len(mpc.plans_by_step) == CONTROLLER_HISTORY_STEPS
+    assert max(mpc.plans_by_step) == CONTROLLER_HISTORY_STEPS + 49
