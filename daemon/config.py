@@ -177,6 +177,8 @@ MIN_STALE_PERIODS = 1.5
 """``stale_after_s`` must be at least this many control periods."""
 SLO_WINDOW_PERIODS = 12.0
 """``slo_target.window_s`` must be at least this many control periods."""
+DEFAULT_SLO_WINDOW_S = 600.0
+"""An unset ``slo_target.window_s`` is ``max(600 s, 12 x daemon.period_s)``."""
 MAX_HORIZON_STEPS = 120
 """An MPC's ``horizon_s`` spans at most this many control periods: its plan is built and
 searched every period, and must fit in it (10-20 is the useful range)."""
@@ -228,6 +230,11 @@ def default_daemon_period(domains: Any) -> float:
 DEFAULT_WRITE_TIMEOUT_S = 0.25
 """An unset ``actuator.timeout_s`` or ``zeusd.timeout_s`` is ``min(0.25 s, 0.5 x
 daemon.period_s)``."""
+
+
+DEFAULT_LEASE_S = 3.0
+"""An unset ``actuator.lease_s`` is ``max(3 s, 3 x daemon.period_s)``: a lease renewed once
+a tick."""
 
 
 def default_write_timeout_s(period_s: float) -> float:
@@ -304,7 +311,9 @@ class SLOTargetConfig(FrozenModel):
     ``mpc-online`` then spend the misses the target allows (``docs/online.md``)."""
 
     attainment: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
-    window_s: Annotated[float, Field(gt=0, le=SLO_WINDOW_LIMIT_S, allow_inf_nan=False)] = 600.0
+    window_s: Annotated[float, Field(gt=0, le=SLO_WINDOW_LIMIT_S, allow_inf_nan=False)] = (
+        DEFAULT_SLO_WINDOW_S
+    )
     """At most 31 days: an SRE's longest SLO window is a month."""
 
     def target(self) -> SLOTarget:
@@ -419,7 +428,7 @@ class ActuatorBackendConfig(FrozenModel):
     the period."""
 
     socket: LoosePath = Path("/run/gpugov-actuator/actuator.sock")
-    lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = 3.0
+    lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = DEFAULT_LEASE_S
     timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
         DEFAULT_WRITE_TIMEOUT_S
     )
@@ -537,6 +546,10 @@ class DaemonSection(FrozenModel):
             section = data.get(name, {} if name == "actuator" else None)
             if isinstance(section, dict) and "timeout_s" not in section:
                 filled[name] = {**section, "timeout_s": timeout}
+        actuator = filled.get("actuator")
+        if isinstance(actuator, dict) and "lease_s" not in actuator:
+            # Renewed once a tick: three periods at least, whatever the period.
+            filled["actuator"] = {**actuator, "lease_s": max(DEFAULT_LEASE_S, 3.0 * period)}
         return filled
 
     @model_validator(mode="after")
@@ -655,11 +668,16 @@ class GpugovConfig(FrozenModel):
         ):
             return data  # the field validators report what is wrong
         timeout = default_engine_timeout_s(float(period))
+        window = max(DEFAULT_SLO_WINDOW_S, SLO_WINDOW_PERIODS * float(period))
         filled: list[Any] = []
         for domain in domains:
             if isinstance(domain, dict):
                 engine = _engine_with_timeout(domain.get("engine", {}), timeout)
                 domain = {**domain, "engine": engine}
+                target = domain.get("slo_target")
+                if isinstance(target, dict) and "window_s" not in target:
+                    # At least twelve periods, whatever the period.
+                    domain["slo_target"] = {**target, "window_s": window}
             elif isinstance(domain, DomainConfig):
                 engine = _engine_with_timeout(domain.engine, timeout)
                 domain = domain.model_copy(update={"engine": engine})

@@ -704,6 +704,28 @@ def test_an_unset_write_timeout_follows_the_period(daemon: dict[str, object]) ->
     assert getattr(parse_config({"daemon": daemon, **_domain()}).daemon, name).timeout_s == 0.25
 
 
+def test_an_unset_lease_and_slo_window_follow_a_long_period() -> None:
+    """A lease renewed once a tick and an SLO window of twelve ticks: unset, they stretch
+    with a long period (3 x and 12 x period_s) instead of refusing a file for a default
+    it never set; set too short, they are still refused in one line."""
+    online = _domain(
+        controller={"kind": "mpc-online"}, ttft_slo_s=1.0, slo_target={"attainment": 0.99}
+    )
+    for period, lease, window in ((0.25, 3.0, 600.0), (2.0, 6.0, 600.0), (55.0, 165.0, 660.0)):
+        config = parse_config({"daemon": {"backend": "actuator", "period_s": period}, **online})
+        assert config.daemon.actuator.lease_s == lease
+        target = config.domains[0].slo_target
+        assert target is not None and target.window_s == window
+    with pytest.raises(ConfigError, match=r"actuator.lease_s \(3 s\) must be at least 3 x"):
+        parse_config(
+            {"daemon": {"backend": "actuator", "period_s": 2.0, "actuator": {"lease_s": 3.0}}}
+            | online
+        )
+    short = _domain(ttft_slo_s=1.0, slo_target={"attainment": 0.99, "window_s": 600.0})
+    with pytest.raises(ConfigError, match=r"slo_target.window_s \(600 s\) must be at least"):
+        parse_config({"daemon": {"period_s": 55.0}, **short})
+
+
 def test_an_unset_period_follows_the_controllers_when_built_in_code() -> None:
     """Built from models (as tests and tools do), an unset period is filled the same way."""
     from gpugov.daemon.config import DaemonSection, DomainConfig
