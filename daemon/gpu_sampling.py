@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpugov.daemon.backend import (
     POWER_OVER_LIMIT_FACTOR,
@@ -39,27 +40,38 @@ milliseconds, nvidia-smi's a fraction of a second under its own timeout, so only
 call reaches it; far below the unit's ``WatchdogSec=`` (30 s) even for eight GPUs."""
 
 
+def read_within(
+    backend: GpuBackend, method: str, what: str, read_deadline_s: float | None = None
+) -> Any:
+    """``backend.method()`` where the backend has that method, else None; with
+    ``read_deadline_s`` read on a worker thread, a hung call None (one warning naming
+    ``what``): the start-time reads of what a GPU accepts or does by itself."""
+    read = getattr(backend, method, None)
+    if read is None:
+        return None
+    if read_deadline_s is None:
+        return read()
+    reader = LatestReader(read, read_deadline_s, name=f"gpu-{method}-{backend.label}")
+    try:
+        return reader.read()
+    except ReadTimeout:
+        log.warning(
+            "GPU %s: its %s not read within %g s (a hung GPU call); taken as unknown",
+            backend.label,
+            what,
+            read_deadline_s,
+        )
+        return None
+
+
 def power_limit_range_w(
     backend: GpuBackend, read_deadline_s: float | None = None
 ) -> tuple[float, float] | None:
     """``backend``'s (lowest, highest) settable power limit in watts, or None; with
     ``read_deadline_s`` read on a worker thread, a hung call an unknown range (warned)."""
-    read = getattr(backend, "power_limit_constraints_w", None)
-    if read is None:
-        return None
-    if read_deadline_s is None:
-        return read()  # type: ignore[no-any-return]
-    reader = LatestReader(read, read_deadline_s, name=f"gpu-limits-{backend.label}")
-    try:
-        return reader.read()  # type: ignore[no-any-return]
-    except ReadTimeout:
-        log.warning(
-            "GPU %s: its power limit constraints not read within %g s (a hung GPU call); "
-            "taken as unknown",
-            backend.label,
-            read_deadline_s,
-        )
-        return None
+    return read_within(  # type: ignore[no-any-return]
+        backend, "power_limit_constraints_w", "power limit constraints", read_deadline_s
+    )
 
 
 class DomainGpus:

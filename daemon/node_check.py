@@ -672,6 +672,20 @@ def _check_domain(
             _check_budget(domain, backends, report)
         if not report.hung:
             _check_configured_cap(domain, backends, report)
+        if not report.hung and domain.thermal_limit_c is not None:
+            from gpugov.daemon.thermal_limit import held_thermal_limit
+
+            # The line run logs at start (daemon.service), word for word.
+            held = _read_power_limits(
+                domain,
+                backends,
+                report,
+                lambda: held_thermal_limit(domain.name, domain.thermal_limit_c, backends),
+                "the thermal limit not checked against the GPUs' slowdown temperature",
+                "read the slowdown temperatures",
+            )
+            if held is not None and held[1] is not None:
+                report.warnings.append(held[1])
     try:
         controller = _build_controller(
             config, domain, names, clocks, gpus_seen=backends is not None
@@ -711,18 +725,19 @@ def _read_power_limits(
     report: NodeReport,
     read: Callable[[], T],
     unread: str,
+    what: str = "read the power limits",
 ) -> T | None:
-    """``read()`` (a check that reads the GPUs' power limits) on a worker thread, waited
-    for at most :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S` per GPU, as ``run``'s
-    start reads them; a read past it is a warning saying ``unread`` and marks the report
-    hung (no further GPU call is made: it would queue behind the hung one), a
-    :class:`ConfigError` a problem. None where either."""
+    """``read()`` (a check that reads the GPUs' power limits, or ``what`` else) on a
+    worker thread, waited for at most :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S`
+    per GPU, as ``run``'s start reads them; a read past it is a warning saying ``unread``
+    and marks the report hung (no further GPU call is made: it would queue behind the
+    hung one), a :class:`ConfigError` a problem. None where either."""
     from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 
     try:
         return bounded_gpu_call(
             read,
-            "read the power limits",
+            what,
             GPU_READ_DEADLINE_S * len(backends),
             gpu=", ".join(b.label for b in backends),
         )

@@ -27,7 +27,12 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpugov.daemon.backend import MAX_GPU_POWER_W, GpuSample, clock_tolerance_mhz
+from gpugov.daemon.backend import (
+    GPU_TEMPERATURE_RANGE_C,
+    MAX_GPU_POWER_W,
+    GpuSample,
+    clock_tolerance_mhz,
+)
 from gpugov.daemon.errors import (
     GpuError,
     GpuLost,
@@ -513,6 +518,20 @@ class NvmlBackend:
             )
         except GpuError:
             return None
+
+    def slowdown_temperature_c(self) -> float | None:
+        """The die temperature at which the GPU slows its clocks itself
+        (``nvmlDeviceGetTemperatureThreshold``, ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``),
+        or None where it cannot be read or is no temperature a GPU slows at."""
+        read = getattr(self._nvml, "nvmlDeviceGetTemperatureThreshold", None)
+        if read is None:
+            return None
+        threshold = _const(self._nvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
+        try:
+            value = float(self._call("read slowdown temperature", read, self._handle, threshold))
+        except (GpuError, TypeError, ValueError, OverflowError):
+            return None
+        return value if 0.0 < value <= GPU_TEMPERATURE_RANGE_C[1] else None
 
     def power_limit_constraints_w(self) -> tuple[float, float] | None:
         """The (lowest, highest) power limit the GPU accepts, in watts

@@ -64,6 +64,7 @@ from gpugov.daemon.power_limit import (
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
+from gpugov.daemon.thermal_limit import held_thermal_limit
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import Request
 
@@ -450,6 +451,11 @@ def _build_configured(
     *,
     dry_run: bool,
 ) -> Domain:
+    thermal_limit_c, lowered = held_thermal_limit(
+        spec.name, spec.thermal_limit_c, backends, read_deadline_s=GPU_READ_DEADLINE_S
+    )
+    if lowered is not None:
+        log.warning("%s", lowered)
     return build_domain(
         spec.name,
         backends,
@@ -468,7 +474,7 @@ def _build_configured(
         ),
         ttft_slo_s=spec.ttft_slo_s,
         tpot_slo_s=spec.tpot_slo_s,
-        thermal_limit_c=spec.thermal_limit_c,
+        thermal_limit_c=thermal_limit_c,
         ttft_slo_per_prompt_token_s=spec.ttft_slo_per_prompt_token_s,
         slo_target=None if spec.slo_target is None else spec.slo_target.target(),
         mean_prompt_tokens=spec.mean_prompt_tokens,

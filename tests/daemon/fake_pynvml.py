@@ -55,6 +55,8 @@ NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
 NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
+NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0
+NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
 NVML_CLOCK_GRAPHICS = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
@@ -205,6 +207,9 @@ class FakeGpu:
     lost: bool = False
     lock_error: int | None = None
     """An NVML code every clock lock of this GPU alone raises (None: locks go through)."""
+    slowdown_temperature_c: int | None = 87
+    """Where the GPU slows itself (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``); None: the
+    threshold read answers NOT_SUPPORTED."""
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -366,6 +371,18 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         self._enter("nvmlDeviceGetTemperature", handle)
         return handle.temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: FakeGpu, threshold: int) -> int:
+        self._enter("nvmlDeviceGetTemperatureThreshold", handle)
+        value = {
+            NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: handle.slowdown_temperature_c,
+            NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: (
+                None if handle.slowdown_temperature_c is None else handle.slowdown_temperature_c + 5
+            ),
+        }.get(threshold)
+        if value is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return value
 
     def nvmlDeviceGetClockInfo(self, handle: FakeGpu, clock_type: int) -> int:
         self._enter("nvmlDeviceGetClockInfo", handle)
