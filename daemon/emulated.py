@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from gpugov.daemon.backend import GpuSample
+from gpugov.daemon.backend import GPU_TEMPERATURE_RANGE_C, GpuSample
 from gpugov.daemon.errors import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH,
@@ -266,6 +266,7 @@ class EmulatedBackend:
         self.uuid = str(info.get("uuid", ""))
         self.name = str(info.get("name", ""))
         self._max_clock_mhz = info.get("max_sm_clock_mhz")
+        self._slowdown_c = info.get("slowdown_temperature_c")
         memory = info.get("supported_memory_clocks_mhz") or []
         graphics = info.get("supported_graphics_clocks_mhz") or []
         try:
@@ -476,6 +477,12 @@ class EmulatedBackend:
         """The GPU's max SM clock, or None."""
         value = finite_number(self._max_clock_mhz)
         return None if value is None else int(value)
+
+    def slowdown_temperature_c(self) -> float | None:
+        """Where the emulated GPU slows itself (its plant's thermal limit), or None where
+        the emulator states none or one no GPU slows at."""
+        value = finite_number(self._slowdown_c)
+        return value if value is not None and 0.0 < value <= GPU_TEMPERATURE_RANGE_C[1] else None
 
     def sample(self) -> GpuSample:
         """One reading; unsupported fields are left out while they are, transient ones

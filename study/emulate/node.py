@@ -626,6 +626,9 @@ class EmulatedNode:
             "max_sm_clock_mhz": self.max_clock_mhz,
             "supported_memory_clocks_mhz": [2619],
             "supported_graphics_clocks_mhz": list(reversed(self.supported_clocks_mhz)),
+            # Where the emulated GPU slows itself: its plant's thermal limit (NVML's
+            # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN).
+            "slowdown_temperature_c": self.plant.thermal_limit_c,
         }
 
     def lock_clocks(self, gpu: int, min_mhz: int, max_mhz: int) -> int:

@@ -104,3 +104,31 @@ def test_a_hung_slowdown_read_keeps_the_configured_limit_and_holds_no_start(
         f"GPU 0: its slowdown temperature not read within {DEADLINE_S:g} s (a hung GPU "
         "call); taken as unknown"
     ]
+
+
+def test_an_emulated_gpu_slows_at_its_plants_thermal_limit() -> None:
+    """gpugov emulate's GPUs state where they slow themselves (their plant's thermal
+    limit), so a domain's limit above it is held there as on a node."""
+    from gpugov.daemon.emulated import EmulatedBackend
+    from gpugov.plant import ServingPlant, load_profile
+    from gpugov.study.emulate.node import EmulatedNode
+    from gpugov.study.emulate.server import EmulatorServer
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    hot = plant.with_overrides(ambient_temperature_c=45.0, thermal_limit_c=75.0)
+    server = EmulatorServer(EmulatedNode(hot, gpus=1), "127.0.0.1", 0)
+    server.start()
+    try:
+        backend = EmulatedBackend(0, emulator=server.url)
+        try:
+            assert backend.slowdown_temperature_c() == 75.0
+            held, line = held_thermal_limit("llm", 90.0, [backend], read_deadline_s=2.0)
+        finally:
+            backend.close()
+    finally:
+        server.close()
+    assert held == 75.0
+    assert line == (
+        "domain 'llm': thermal_limit_c (90 C) is above GPU 0's slowdown temperature (75 C, "
+        "NVML), where the GPU slows itself: 75 C is held instead"
+    )
