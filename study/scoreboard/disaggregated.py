@@ -66,7 +66,7 @@ from gpugov.study.runners import (
     spec_from_args,
 )
 from gpugov.study.scoreboard.controllers import study_controller
-from gpugov.study.scoreboard.run import gather_outcomes, slo_energy_fields
+from gpugov.study.scoreboard.run import board_provenance, gather_outcomes, slo_energy_fields
 from gpugov.study.scoreboard.scenarios import (
     DEFAULT_OUT,
     DISAGGREGATED_LAYOUTS,
@@ -619,10 +619,16 @@ def run_disaggregated(
     no requests is skipped with its reason. ``on_count`` receives the rows done so far over
     every scenario while they run (:func:`rows_per_scenario` each; in this process or a
     local pool's workers, a Ray scenario's when it ends; a skipped one counts whole)."""
+    started = time.perf_counter()
+    traces, profiles = (
+        tuple(traces or DISAGGREGATED_TRACES),
+        tuple(profiles or DISAGGREGATED_PROFILES),
+    )
+    runner = runner or RunnerSpec(jobs=config.jobs)
     cells = [
         (trace, profile_name, load, layout)
-        for trace in traces or DISAGGREGATED_TRACES
-        for profile_name in profiles or DISAGGREGATED_PROFILES
+        for trace in traces
+        for profile_name in profiles
         for load in config.loads
         for layout in layouts or tuple(DISAGGREGATED_LAYOUTS)
     ]
@@ -636,7 +642,7 @@ def run_disaggregated(
     for done in map_cells(
         disaggregated_cell,
         cells,
-        spec=runner or RunnerSpec(jobs=config.jobs),
+        spec=runner,
         shared={"config": config, "controllers": tuple(controllers), "progress": counter},
         on_event=progress,
         label=lambda cell: "|".join(cell),
@@ -648,8 +654,14 @@ def run_disaggregated(
             finished = done.value.get("key") or done.value["skipped"]["scenario"]
             progress(f"[{len(outcomes)}] {finished}")
     scenarios, skipped, rows = gather_outcomes([outcomes[i] for i in range(len(cells))])
+    ran = replace(config, traces=traces, profiles=profiles, jobs=runner.jobs)
     return {
+        "benchmark": "controllers",
         "layout": "disaggregated",
+        # How it ran, as the colocated board records it: its figures can be run again.
+        **board_provenance(ran, runner),
+        "profiles": {name: resolve_profile(name).describe() for name in profiles},
+        "wall_s": time.perf_counter() - started,
         "scenarios": scenarios,
         "skipped": skipped,
         "rows": rows,

@@ -705,23 +705,13 @@ def run_scoreboard(
             "window_summary": summarize_windows(rows),
             "window_overlaps": window_overlaps(scenarios),
         }
+    provenance = board_provenance(replace(config, jobs=jobs), runner)
     return {
         "benchmark": "controllers",
-        "mode": config.mode,
-        "config": {
-            key: list(value) if isinstance(value, tuple) else value
-            for key, value in asdict(replace(config, jobs=jobs)).items()
-        }
-        | {"slo_target": None if config.slo_target is None else config.slo_target.as_dict()},
+        "mode": provenance.pop("mode"),
+        "config": provenance.pop("config"),
         "definitions": DEFINITIONS,
-        "machine": {
-            "python": platform.python_version(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-        },
-        "runner": runner.describe(),
-        "gpugov_version": __version__,
-        "versions": software_versions(config.outside_controllers),
+        **provenance,
         "profiles": {name: shared[f"profile:{name}"].describe() for name in config.profiles},
         "wall_s": elapsed,
         "scenarios": scenarios,
@@ -732,6 +722,29 @@ def run_scoreboard(
         "head_to_head": head_to_head(rows),
         "mpc_solver_comparison": comparison,
         **windows,
+    }
+
+
+def board_provenance(config: BenchConfig, runner: RunnerSpec) -> dict[str, Any]:
+    """What a board's JSON records of how it ran, for its figures to be run again: the
+    ``mode``, every setting (``config``, its SLO target included), the ``machine``, the
+    ``runner``, ``gpugov_version`` and the libraries, commit and outside code
+    (``versions``). The colocated and the disaggregated boards both record it."""
+    return {
+        "mode": config.mode,
+        "config": {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in asdict(config).items()
+        }
+        | {"slo_target": None if config.slo_target is None else config.slo_target.as_dict()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+        },
+        "runner": runner.describe(),
+        "gpugov_version": __version__,
+        "versions": software_versions(config.outside_controllers),
     }
 
 
@@ -772,6 +785,7 @@ __all__ = [
     "ProbeTooLongError",
     "Scenario",
     "ScenarioSkip",
+    "board_provenance",
     "build_scenario",
     "build_scoreboard_controllers",
     "compare_mpc_solvers",

@@ -84,12 +84,30 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
                 "h200-sxm-llama3-8b",
                 "--duration",
                 "8",
+                "--dwell",
+                "0.25",
+                "--engine-view",
+                "exact",
                 "--out",
                 str(out),
             ]
         )
     assert code == 0
     payload = json.loads((out / "disaggregated.json").read_text())
+    # What ran it, as the colocated board records it: every setting, the software, the
+    # machine and the runner, and the profiles it read (with their checksums).
+    from gpugov import __version__
+
+    assert payload["mode"] == "tiny" and payload["gpugov_version"] == __version__
+    config = payload["config"]
+    assert config["traces"] == ["azure-conv-10min"]
+    assert config["profiles"] == ["h200-sxm-llama3-8b"]
+    assert (config["duration_s"], config["dwell_s"], config["engine_view"]) == (8.0, 0.25, "exact")
+    assert config["slo_target"]["attainment"] == 0.99
+    assert {"numpy", "scipy", "source"} <= set(payload["versions"])
+    assert payload["machine"]["cpus"] and payload["runner"]["kind"] == "local"
+    assert len(payload["profiles"]["h200-sxm-llama3-8b"]["manifest_sha256"]) == 64
+    assert payload["wall_s"] > 0
     layouts = {(row["layout"], row["controller"]) for row in payload["rows"]}
     assert layouts == {
         (layout, key)
