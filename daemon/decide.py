@@ -198,13 +198,15 @@ class ControllerContext:
         of them: a pool of data-parallel engines is one domain on a node), the SLOs its
         profile states (as a simulated node's config states them), forecasts declared
         from the workload, the plant itself for an ``mpc``; virtual time by default."""
+        from gpugov.daemon.profile_identity import profile_gpu_uuid
+
         profile = plant.profile
         gpus = plant.tensor_parallel * max(1, replicas)
         values: dict[str, Any] = {
             "period_s": period_s,
             "supported_clocks_mhz": tuple(float(c) for c in profile.clock_mhz),
             "gpu_names": (str(profile.manifest.get("gpu") or ""),) * gpus,
-            "gpu_uuids": tuple(f"simulated-{i}" for i in range(gpus)),
+            "gpu_uuids": tuple(profile_gpu_uuid(profile, i) for i in range(gpus)),
             "gpu_count": gpus,
             "ttft_slo_s": profile.ttft_slo_s,
             "tpot_slo_s": profile.tpot_slo_s,

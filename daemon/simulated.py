@@ -17,6 +17,7 @@ from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.errors import NVML_ERROR_INVALID_ARGUMENT, GpuError, GpuUnavailable
 from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.profile_identity import profile_gpu_uuid
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
 from gpugov.plant.closed_loop import ObservationView
@@ -97,7 +98,12 @@ class SimulatedBackend:
         self._node = node
         self._label = label
         self._share = float(share)
-        clocks = node.simulation.plant.profile.clock_mhz
+        profile = node.simulation.plant.profile
+        self.uuid = profile_gpu_uuid(profile, int(label)) if label.isdigit() else None
+        """The GPU's NVML UUID, of its profile and index
+        (:func:`~daemon.profile_identity.profile_gpu_uuid`, as an emulated GPU's): a learned
+        model is keyed on it, so one learned on another profile is never restored here."""
+        clocks = profile.clock_mhz
         self._clocks = tuple(int(round(float(c))) for c in clocks)
         self.locks: deque[tuple[int, int]] = deque(maxlen=1000)  # the last writes, bounded
         self.resets = 0

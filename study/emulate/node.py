@@ -41,14 +41,11 @@ here is guarded by one lock.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.daemon.profile_identity import profile_gpu_uuid
 from gpugov.daemon.vllm_view import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
@@ -93,9 +91,6 @@ process serves on its own port on a real node, its engine labelled ``engine="0"`
 MAX_ENERGY_RECORDS = 100_000
 """Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
 
-GPU_UUID_NAMESPACE = uuid.UUID("9266c913-62e4-45bd-a7ae-2ed8e584cf19")
-"""The ``uuid5`` namespace of the emulated GPUs' UUIDs. Fixed for good: changing it
-changes every emulated UUID, and a governor's stored model would no longer be restored."""
 UNNAMED_GPU = "Emulated GPU"
 """The name of an emulated GPU whose profile states no GPU (no family: no GPU hint)."""
 NVML_NAME_MAX_CHARS = 95
@@ -126,35 +121,14 @@ def tp_multiple_message(gpus: int, tensor_parallel: int, profile_name: str) -> s
     )
 
 
-def profile_digest(profile: PerformanceProfile) -> str:
-    """What identifies ``profile``'s content: the sha256s of its manifest and CSV files
-    when it was loaded from them, else a sha256 of its manifest and tables."""
-    if profile.manifest_sha256 and profile.profile_csv_sha256:
-        return f"{profile.manifest_sha256}:{profile.profile_csv_sha256}"
-    digest = hashlib.sha256()
-    digest.update(json.dumps(profile.manifest, sort_keys=True, default=repr).encode())
-    for array in (
-        profile.clock_mhz,
-        profile.prefill_tokens_per_s,
-        profile.decode_tokens_per_s,
-        profile.prefill_power_w,
-        profile.decode_power_w,
-        profile.idle_power_w,
-    ):
-        digest.update(np.ascontiguousarray(array, dtype="<f8").tobytes())
-    digest.update(repr((profile.ttft_slo_s, profile.tpot_slo_s)).encode())
-    return digest.hexdigest()
-
-
 def emulated_gpu_uuid(profile: PerformanceProfile, gpu: int) -> str:
-    """The NVML UUID (``GPU-`` and a UUID's 36 characters) of emulated GPU ``gpu`` of
-    ``profile``: a ``uuid5`` of the profile's name, its content (:func:`profile_digest`)
-    and the index. The same profile gives the same UUIDs on every start, so a governor
+    """The NVML UUID of emulated GPU ``gpu`` of ``profile``
+    (:func:`daemon.profile_identity.profile_gpu_uuid`, as a simulated node's GPU of the
+    profile has it). The same profile gives the same UUIDs on every start, so a governor
     restarted against a restarted emulator restores its model; another profile (another
     GPU, model or table) gives others, so no model learned on one is applied to the
     other."""
-    key = f"{profile.name}\n{profile_digest(profile)}\n{gpu}"
-    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, key)}"
+    return profile_gpu_uuid(profile, gpu)
 
 
 @dataclass

@@ -36,6 +36,7 @@ SHARED = (
     "period_s",
     "supported_clocks_mhz",
     "gpu_names",
+    "gpu_uuids",
     "gpu_count",
     "power_limit_w",
     "ttft_slo_s",
@@ -47,8 +48,8 @@ SHARED = (
     "slo_target",
     "role",
 )
-"""What a controller may know that must be the same on every path (the GPUs' UUIDs, the
-domain's name and the budget guard are the node's own)."""
+"""What a controller may know that must be the same on every path (the domain's name and
+the budget guard are the node's own)."""
 
 
 @pytest.mark.parametrize("profile", ["h100-sxm-llama3-8b", "h100-sxm-llama3-70b-tp4"])

@@ -1,0 +1,54 @@
+"""The identity of a GPU that a profile stands for (the emulated node's and the simulated
+node's): an NVML UUID derived from the profile's name, its content and the GPU's index.
+
+``mpc-online``'s learned model is keyed on the domain's GPU UUIDs (``docs/online.md``):
+the same profile gives the same UUIDs on every start, so a governor restarted against it
+restores its model; another profile (another GPU, model or table) gives others, so no
+model learned on one is applied to the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+import numpy as np
+
+from gpugov.plant import PerformanceProfile
+
+GPU_UUID_NAMESPACE = uuid.UUID("9266c913-62e4-45bd-a7ae-2ed8e584cf19")
+"""The ``uuid5`` namespace of a profile's GPUs' UUIDs. Fixed for good: changing it
+changes every emulated and simulated UUID, and a governor's stored model would no longer
+be restored."""
+
+
+def profile_digest(profile: PerformanceProfile) -> str:
+    """What identifies ``profile``'s content: the sha256s of its manifest and CSV files
+    when it was loaded from them, else a sha256 of its manifest and tables."""
+    if profile.manifest_sha256 and profile.profile_csv_sha256:
+        return f"{profile.manifest_sha256}:{profile.profile_csv_sha256}"
+    digest = hashlib.sha256()
+    digest.update(json.dumps(profile.manifest, sort_keys=True, default=repr).encode())
+    for array in (
+        profile.clock_mhz,
+        profile.prefill_tokens_per_s,
+        profile.decode_tokens_per_s,
+        profile.prefill_power_w,
+        profile.decode_power_w,
+        profile.idle_power_w,
+    ):
+        digest.update(np.ascontiguousarray(array, dtype="<f8").tobytes())
+    digest.update(repr((profile.ttft_slo_s, profile.tpot_slo_s)).encode())
+    return digest.hexdigest()
+
+
+def profile_gpu_uuid(profile: PerformanceProfile, gpu: int) -> str:
+    """The NVML UUID (``GPU-`` and a UUID's 36 characters) of GPU ``gpu`` of a node of
+    ``profile``: a ``uuid5`` of the profile's name, its content (:func:`profile_digest`)
+    and the index."""
+    key = f"{profile.name}\n{profile_digest(profile)}\n{gpu}"
+    return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, key)}"
+
+
+__all__ = ["GPU_UUID_NAMESPACE", "profile_digest", "profile_gpu_uuid"]
