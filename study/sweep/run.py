@@ -248,6 +248,33 @@ def run_sweep(
             )
 
 
+def result_versions(
+    cells: Sequence[SweepCell], by_key: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, int]:
+    """How many of ``cells``' results each gpugov version wrote (``unknown`` for a line
+    that does not say), by version: a resumed sweep may hold cells of several."""
+    counts: dict[str, int] = {}
+    for cell in cells:
+        row = cell_result(cell, by_key)
+        if row is not None:
+            version = str(row.get("gpugov_version") or "unknown")
+            counts[version] = counts.get(version, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def versions_markdown(versions: Mapping[str, int]) -> str:
+    """The sentence of ``summary.md`` naming the gpugov versions its results were written
+    by, where that is not this one alone (a resumed sweep's older cells); else empty."""
+    if not versions or list(versions) == [__version__]:
+        return ""
+    parts = [f"{version} ({n} cell{'' if n == 1 else 's'})" for version, n in versions.items()]
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return (
+        f"Results written by gpugov {printable(listed)}; this summary was written by "
+        f"{__version__}. A new `--out` runs every cell on one version.\n\n"
+    )
+
+
 def _run_plan(
     plan: SweepPlan,
     grid_path: Path,
@@ -275,6 +302,14 @@ def _run_plan(
             line += (
                 f" ({again} of them ran before on other inputs: a trace, profile or "
                 "controller file changed, or a setting)"
+            )
+        done = result_versions(plan.cells, by_key)
+        older = {version: n for version, n in done.items() if version != __version__}
+        if older:
+            line += (
+                f" ({sum(older.values())} of them written by gpugov {' or '.join(older)}, "
+                f"not this {__version__}: kept as they are; a new --out runs every cell on "
+                "this one)"
             )
         say(line)
     if write_grid_copy:
@@ -345,6 +380,7 @@ def _run_plan(
             counter.report(key, size)  # and show()
         progress.close(f"{count:,}/{len(todo):,} cells")
     table = summarize(rows, plan.cells)
+    versions = result_versions(plan.cells, ok_rows_by_key(rows))
     paths = {
         "results": results_path,
         "summary_md": out / SUMMARY_MD,
@@ -360,6 +396,7 @@ def _run_plan(
                 "failed": len(failed),
                 "failed_cells": failed,
                 "runner": spec.describe(),
+                "gpugov_versions": versions,
                 "table": json_safe(table),
             },
             indent=1,
@@ -370,7 +407,8 @@ def _run_plan(
             f"# gpugov sweep: {printable(grid_path.name)}\n\n"
             f"{len(plan.cells)} cells; means over seeds; "
             f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-            f"seed.\n\n{failed_cells_markdown(failed)}{invalid_decisions_markdown(table)}"
+            f"seed.\n\n{versions_markdown(versions)}{failed_cells_markdown(failed)}"
+            f"{invalid_decisions_markdown(table)}"
             f"{format_table(table, markdown=True)}\n"
         ),
     }
@@ -400,6 +438,8 @@ __all__ = [
     "SUMMARY_MD",
     "check_outputs_not_inputs",
     "input_files",
+    "result_versions",
     "run_cell",
     "run_sweep",
+    "versions_markdown",
 ]

@@ -159,6 +159,33 @@ def test_resume_runs_only_the_missing_cells(full_sweep, tmp_path: Path) -> None:
     assert len(_rows(resumed)) == CELLS
 
 
+def test_a_resume_over_results_of_another_gpugov_says_so(full_sweep, tmp_path: Path) -> None:
+    """Done cells written by another gpugov version are kept, and the resume line, the
+    summary's markdown and its JSON say which versions the table mixes (a plant change
+    between them would compare one controller's figures with another's on two plants)."""
+    from gpugov import __version__
+
+    grid, out, _, _ = full_sweep
+    lines = (out / RESULTS).read_text().splitlines(keepends=True)
+    older = json.loads(lines[0])
+    older["gpugov_version"] = "0.0.1"
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / RESULTS).write_text(json.dumps(older) + "\n" + "".join(lines[1:]))
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(resumed), "--resume"])
+    assert code == 0, stderr
+    (line,) = [line for line in stderr.splitlines() if line.startswith("resuming:")]
+    assert f"1 of them written by gpugov 0.0.1, not this {__version__}" in line
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["gpugov_versions"] == {"0.0.1": 1, __version__: CELLS - 1}
+    markdown = (resumed / "summary.md").read_text()
+    assert f"gpugov 0.0.1 (1 cell) and {__version__} ({CELLS - 1} cells)" in markdown
+    # One version: the JSON names it, the markdown says nothing of versions.
+    single = json.loads((out / "summary.json").read_text())
+    assert single["gpugov_versions"] == {__version__: CELLS}
+    assert "written by gpugov" not in (out / "summary.md").read_text()
+
+
 def test_existing_results_need_resume(full_sweep) -> None:
     grid, out, _, _ = full_sweep
     before = (out / RESULTS).read_bytes()
