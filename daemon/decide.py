@@ -454,7 +454,8 @@ def _power_profile(
         except ProfileError as error:
             raise ControllerError(f"power-profile: {error}") from error
     preset = calibrate_power_profile(profile, **fraction)
-    gpus = context.plant.tensor_parallel if context.plant is not None else context.gpu_count
+    # The domain's GPUs: a simulated pool's hold every engine's group, as a node's domain.
+    gpus = context.gpu_count
     return PowerProfileController(preset.ceiling_mhz, preset.cap_w * gpus / profile.tensor_parallel)
 
 

@@ -92,3 +92,21 @@ def test_every_simulated_path_gives_the_context_of_a_simulated_node(
         for field in SHARED:
             assert getattr(context, field) == getattr(node, field), (path, field)
     assert {f.name for f in dataclasses.fields(node)} >= set(SHARED)
+
+
+def test_a_calibrated_power_profile_caps_the_whole_domain_of_a_pool() -> None:
+    """A pool of engines is one domain holding all their GPUs (``replicas``): the cap a
+    ``power-profile`` calibrates on the profile is scaled to every GPU of the domain, as on
+    a node, where it was scaled to one engine's tensor-parallel group."""
+    from gpugov.daemon.controller_config import PowerProfileControllerConfig
+
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-70b-tp4"))
+    workload = tuple(Request(i, 0.5 * i, 300, 20) for i in range(4))
+    spec = PowerProfileControllerConfig(kind="power-profile")
+    caps = [
+        study_controller(
+            spec, plant, workload, control_period_s=1.0, replicas=replicas
+        ).requested_power_cap_w
+        for replicas in (1, 2)
+    ]
+    assert caps[0] is not None and caps[1] == pytest.approx(2.0 * caps[0])
