@@ -111,6 +111,24 @@ def outside_controller_source(spec: str) -> dict[str, Any]:
     return entry
 
 
+def outside_specs(specs: Sequence[str]) -> tuple[str, ...]:
+    """The specs among ``specs`` that name an outside controller (``MODULE:FACTORY`` or
+    an entry point's name), in their order: a sweep's grid mixes them with built-in
+    kinds. A spec that does not parse is left out (its command refuses it)."""
+    from gpugov.daemon.controller_config import ExternalControllerConfig
+    from gpugov.daemon.controller_spec import parse_controller_spec
+
+    found = []
+    for spec in specs:
+        try:
+            config = parse_controller_spec(spec)
+        except ValueError:
+            continue
+        if isinstance(config, ExternalControllerConfig):
+            found.append(spec)
+    return tuple(found)
+
+
 def software_versions(outside_controllers: Sequence[str] = ()) -> dict[str, Any]:
     """The versions a study's figures depend on: gpugov, Python, :data:`LIBRARIES`, the
     checkout's commit (:func:`source_checkout`) and each outside controller's source
@@ -125,4 +143,10 @@ def software_versions(outside_controllers: Sequence[str] = ()) -> dict[str, Any]
     return versions
 
 
-__all__ = ["LIBRARIES", "outside_controller_source", "software_versions", "source_checkout"]
+__all__ = [
+    "LIBRARIES",
+    "outside_controller_source",
+    "outside_specs",
+    "software_versions",
+    "source_checkout",
+]

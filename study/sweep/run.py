@@ -29,6 +29,7 @@ from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
 from gpugov.study.outputs import check_replaceable, held_output_dir
+from gpugov.study.provenance import outside_specs, software_versions
 from gpugov.study.runners import (
     CellProgress,
     RunnerSpec,
@@ -397,6 +398,7 @@ def _run_plan(
                 "failed_cells": failed,
                 "runner": spec.describe(),
                 "gpugov_versions": versions,
+                "versions": software_versions(outside_specs(plan.grid.controllers)),
                 "table": json_safe(table),
             },
             indent=1,

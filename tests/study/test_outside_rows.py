@@ -222,11 +222,15 @@ def test_a_sweeps_summary_names_decisions_that_are_not_a_clock_after_a_resume(
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     count = sum(row["invalid_decisions"] for row in rows if row["controller"] == spec)
     assert count > 0
-    table = {
-        row["controller"]: row for row in json.loads((out / "summary.json").read_text())["table"]
-    }
+    summary_json = json.loads((out / "summary.json").read_text())
+    table = {row["controller"]: row for row in summary_json["table"]}
     assert table[spec]["invalid_decisions"] == count
     assert table["max"]["invalid_decisions"] == 0
+    # What ran it: the libraries, and the outside controller's module and its sha256
+    # (the built-in kinds of the grid are gpugov's own).
+    (source,) = summary_json["versions"]["outside_controllers"]
+    assert source["spec"] == spec and source["module_file"] == str(tmp_path / f"{outside}.py")
+    assert summary_json["versions"]["scipy"] and "source" in summary_json["versions"]
     summary = (out / "summary.md").read_text()
     (line,) = [line for line in summary.splitlines() if f"{spec}: {count} decision(s)" in line]
     assert "2 cell(s)" in line and "not a clock" in line
