@@ -55,7 +55,7 @@ from gpugov.daemon.gpu_open import (
 )
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, hold_model_file
-from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
+from gpugov.daemon.observer import DomainObserver
 from gpugov.daemon.power_budget import PowerBudget, check_configured_cap, domain_budget
 from gpugov.daemon.power_limit import (
     POWER_LIMIT_WRITE_DEADLINE_S,
@@ -63,7 +63,12 @@ from gpugov.daemon.power_limit import (
 )
 from gpugov.daemon.roles import COLOCATED, resolve_role
 from gpugov.daemon.safety import SafetySettings
-from gpugov.daemon.simulated import SimulatedBackend, SimulatedNode, SimulatedSource
+from gpugov.daemon.simulated import (
+    SimulatedBackend,
+    SimulatedNode,
+    SimulatedSource,
+    tail_quantile,
+)
 from gpugov.daemon.thermal_limit import held_thermal_limit
 from gpugov.plant import PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import Request
@@ -311,7 +316,7 @@ def build_domain(
         role=resolved,
         role_from_config=role is not None,
         domain=name,
-        tail_quantile=DEFAULT_TAIL_QUANTILE if slo_target is None else slo_target.attainment,
+        tail_quantile=tail_quantile(slo_target),
         gpu_read_deadline_s=gpu_read_deadline_s,
     )
     clocks = observer.gpus.supported_clocks_mhz()

@@ -12,17 +12,22 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.errors import NVML_ERROR_INVALID_ARGUMENT, GpuError, GpuUnavailable
-from gpugov.daemon.observer import DomainObserver
+from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
 from gpugov.daemon.profile_identity import profile_gpu_uuid
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
 from gpugov.plant.closed_loop import ObservationView
 from gpugov.plant.disaggregated import PoolView
 from gpugov.plant.types import ServingObservation
+
+if TYPE_CHECKING:
+    from gpugov.controllers.budget import SLOTarget
 
 APPLICATIONS_CLOCKS_SETTING = 0x2
 """nvmlClocksEventReasonApplicationsClocksSetting: a lock holds the clock below the top."""
@@ -286,13 +291,24 @@ class SimulatedSource:
         )
 
 
+def tail_quantile(slo_target: SLOTarget | None) -> float:
+    """The quantile a domain's observer prices a long prompt's tail at
+    (``prefill_tail_tokens``): its SLO target's attainment, else
+    :data:`~daemon.observer.DEFAULT_TAIL_QUANTILE`."""
+    return DEFAULT_TAIL_QUANTILE if slo_target is None else slo_target.attainment
+
+
 def node_view(
-    simulation: PlantSimulation, role: str = "colocated"
+    simulation: PlantSimulation,
+    role: str = "colocated",
+    *,
+    quantile: float = DEFAULT_TAIL_QUANTILE,
 ) -> Callable[[], ServingObservation]:
     """What a vLLM node's daemon observes of ``simulation`` each tick: its observer over
     the plant's GPU and a ``vllm`` view of its engine, under the SLOs the plant's profile
     states (what a node's config would), for a domain of ``role`` (a pool of
-    disaggregated serving: ``prefill`` or ``decode``). For closed-loop runs
+    disaggregated serving: ``prefill`` or ``decode``), its prompt tail at ``quantile``
+    (:func:`tail_quantile` of the domain's SLO target). For closed-loop runs
     (:func:`plant.simulate`'s ``view``, :func:`plant.simulate_disaggregated`'s): the
     simulation is advanced elsewhere."""
     profile = simulation.plant.profile
@@ -308,6 +324,7 @@ def node_view(
         clock=lambda: simulation.time_s,
         role=role,
         role_from_config=role != "colocated",
+        tail_quantile=quantile,
     )
     step_s = simulation.plant.time_step_s
 
@@ -319,24 +336,29 @@ def node_view(
     return observe
 
 
-def observation_view(engine_view: str) -> ObservationView | None:
+def observation_view(
+    engine_view: str, slo_target: SLOTarget | None = None
+) -> ObservationView | None:
     """The :func:`plant.simulate` ``view`` an ``engine_view`` name stands for:
-    :func:`node_view` for ``vllm``, None (the plant's exact state) for ``exact``.
+    :func:`node_view` for ``vllm`` (as a domain with ``slo_target`` observes), None (the
+    plant's exact state) for ``exact``.
 
     Raises:
         ValueError: not one of :data:`ENGINE_VIEWS`.
     """
     if engine_view not in ENGINE_VIEWS:
         raise ValueError(f"view must be one of {', '.join(ENGINE_VIEWS)}, got {engine_view!r}")
-    return node_view if engine_view == "vllm" else None
+    if engine_view != "vllm":
+        return None
+    return partial(node_view, quantile=tail_quantile(slo_target))
 
 
-def pool_view(engine_view: str) -> PoolView | None:
+def pool_view(engine_view: str, slo_target: SLOTarget | None = None) -> PoolView | None:
     """:func:`observation_view` for the pools of a disaggregated run
     (:func:`plant.simulate_disaggregated`'s ``view``): :func:`node_view` of each engine,
-    as a domain of the pool's role, for ``vllm``; None for ``exact``.
+    as a domain of the pool's role with ``slo_target``, for ``vllm``; None for ``exact``.
 
     Raises:
         ValueError: not one of :data:`ENGINE_VIEWS`.
     """
-    return node_view if observation_view(engine_view) is not None else None
+    return observation_view(engine_view, slo_target)

@@ -230,7 +230,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             controller_name=controller_label(args.controller),
             control_period_s=args.control_period,
             on_progress=progress,
-            view=observation_view(args.engine_view),
+            view=observation_view(args.engine_view, slo_target_of(args.slo_target)),
         )
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: one line saying where it stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""

@@ -294,7 +294,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             floor_w=config.floor_fraction * plants[name].power_limit_w,
             safety=safety,
             seed=config.seed + i,
-            view=observation_view(config.engine_view),
+            view=observation_view(config.engine_view, slo_target_of(config.slo_target)),
             slo_target=slo_target_of(config.slo_target),
             forecasts=forecasts,
         )

@@ -410,7 +410,7 @@ def simulate_pools(
         config.seed,
         controller_names={role: key for role in ROLES},
         control_period_s=period,
-        view=pool_view(config.engine_view),
+        view=pool_view(config.engine_view, config.slo_target),
     )
     return result, chains
 
@@ -437,7 +437,7 @@ def disaggregated_scenario_outcome(
         raise ValueError("the disaggregated rows must start with 'max' (the reference)")
     layout = layout_plant(scenario, plant)
     workloads = pool_workloads(scenario.requests)
-    view = pool_view(config.engine_view)
+    view = pool_view(config.engine_view, config.slo_target)
     rows: list[dict[str, Any]] = []
     reference: DisaggregatedResult | None = None
     colocated_reference: ReplicatedResult | None = None

@@ -349,7 +349,7 @@ def run_scenario(
             config.seed,
             controller_name=name,
             control_period_s=period if every_s is None else every_s,
-            view=observation_view(config.engine_view),
+            view=observation_view(config.engine_view, config.slo_target),
             on_progress=(
                 None if on_progress is None else lambda time_s, _: advance(position, time_s)
             ),

@@ -131,7 +131,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
                 controller_name=cell.controller,
                 control_period_s=period,
                 # Results written before the view existed observed the exact state.
-                view=observation_view(settings.get("engine_view", "exact")),
+                view=observation_view(
+                    settings.get("engine_view", "exact"), slo_target_of(settings.get("slo_target"))
+                ),
                 on_progress=on_progress,
             )
         finally:

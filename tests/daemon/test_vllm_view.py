@@ -4,10 +4,13 @@ gives the daemon, and what the daemon's observer derives from it."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 
 from gpugov.controllers.baseline import maximum_clock_controller
+from gpugov.controllers.budget import SLOTarget
+from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE
 from gpugov.daemon.simulated import (
     SimulatedNode,
     SimulatedSource,
@@ -143,8 +146,13 @@ def test_an_unknown_view_is_refused(plant: ServingPlant) -> None:
         SimulatedSource(node, view="sglang")
     with pytest.raises(ValueError, match="view must be one of vllm, exact"):
         observation_view("sglang")
-    assert observation_view("vllm") is node_view and observation_view("exact") is None
-    assert pool_view("vllm") is node_view and pool_view("exact") is None
+    assert observation_view("exact") is None and pool_view("exact") is None
+    for make in (observation_view, pool_view):
+        view = make("vllm")
+        assert isinstance(view, partial) and view.func is node_view
+        assert view.keywords == {"quantile": DEFAULT_TAIL_QUANTILE}
+        targeted = make("vllm", SLOTarget(attainment=0.9))
+        assert isinstance(targeted, partial) and targeted.keywords == {"quantile": 0.9}
     with pytest.raises(ValueError, match="view must be one of"):
         pool_view("sglang")
 

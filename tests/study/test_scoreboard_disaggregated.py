@@ -304,8 +304,10 @@ def test_every_pool_and_the_colocated_twin_observe_the_configured_engine_view(
     from gpugov.daemon.simulated import node_view
 
     roles: list[str] = []
+    targets: list[object] = []
 
-    def recording(engine_view: str):  # type: ignore[no-untyped-def]
+    def recording(engine_view: str, slo_target=None):  # type: ignore[no-untyped-def]
+        targets.append(slo_target)  # the board's target, as its domains' observers take it
         if engine_view == "exact":
             return None
 
@@ -320,6 +322,7 @@ def test_every_pool_and_the_colocated_twin_observe_the_configured_engine_view(
     config = replace(TINY, duration_s=6.0)
     rows = run_disaggregated_scenario(scenario, plant, config, ("max",), best_fixed=False)
     assert sorted(roles) == ["colocated", "colocated", "decode", "prefill"]
+    assert targets and all(t == config.slo_target for t in targets)
     roles.clear()
     exact = run_disaggregated_scenario(
         scenario, plant, replace(config, engine_view="exact"), ("max",), best_fixed=False
