@@ -25,6 +25,7 @@ from gpugov.daemon.decide import (
     Forecasts,
     build_controller,
     close_controller,
+    profile_fit_warnings,
 )
 from gpugov.daemon.progress import Progress
 from gpugov.daemon.record import (
@@ -312,6 +313,10 @@ def replay(
                 controllers[name] = _replayed_controller(spec, info, period_s, clocks)
             except (TypeError, ValueError, OverflowError, AttributeError) as error:
                 raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
+            # As a node says it at its start: an MPC profile that is not its GPUs'.
+            gpus = len(info.get("gpus") or []) or 1
+            for line in profile_fit_warnings(spec, clocks, gpus) if warn is not None else ():
+                warn(f"domain {name!r}: controller: {line}")
         # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
         recorded_names = sorted(
             {

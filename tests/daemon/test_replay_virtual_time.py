@@ -116,3 +116,36 @@ def test_a_long_replay_keeps_a_node_s_history_of_plans_not_every_one() -> None:
         )
     assert len(mpc.plans_by_step) == CONTROLLER_HISTORY_STEPS
     assert max(mpc.plans_by_step) == CONTROLLER_HISTORY_STEPS + 49
+
+
+def test_a_replayed_mpc_on_a_profile_of_other_gpus_says_so_as_a_node_does(
+    tmp_path: Path,
+) -> None:
+    """A node whose ``mpc`` profile does not describe its GPUs says so in one line at its
+    start (``decide.profile_fit_warnings``); a replay of its recording through such an
+    ``mpc`` planned on the other domain's rates and powers without a word."""
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-70b-tp4"))
+    workload = tuple(Request(i, 0.5 * i, 300, 20) for i in range(4))
+    clock = VirtualClock()
+    sim = simulated_run(workload, plant, FixedControllerConfig(kind="fixed", clock_mhz=1410), clock)
+    path = tmp_path / "tp4.jsonl"
+    recorder = Recorder(path, sim.header)
+    try:
+        run(
+            [sim.domain],
+            TimedLoop(1.0, clock=clock, sleep=clock.sleep),
+            on_tick=recorder,
+            before_tick=sim.before_tick,
+        )
+    finally:
+        recorder.close()
+    lines: list[str] = []
+    replay(path, parse_controller_spec("mpc:h100-sxm-llama3-8b"), warn=lines.append)
+    assert lines == [
+        "domain 'sim': controller: mpc profile 'h100-sxm-llama3-8b' describes a domain of 1 "
+        "GPU(s) (tensor_parallel), this domain has 4: its rates and powers are another "
+        "domain's"
+    ]
+    same: list[str] = []
+    replay(path, parse_controller_spec("mpc:h100-sxm-llama3-70b-tp4"), warn=same.append)
+    assert same == []
