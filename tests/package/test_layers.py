@@ -8,6 +8,7 @@ no module imports a top-level name that the namespace replaced.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ ALLOWED = {
 OLD_TOP_LEVEL = {"plant", "controllers", "daemon", "profiles", "bench", "study"}
 
 
-def _imported_modules(path: Path) -> list[tuple[int, str]]:
+@functools.cache
+def _imported_modules(path: Path) -> tuple[tuple[int, str], ...]:
+    """``(line, module)`` of every import in ``path``; parsed once for all the tests (a
+    layer's files are read by its own test and by the old-names one)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -39,7 +43,7 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
             and isinstance(node.args[0].value, str)
         ):
             found.append((node.lineno, node.args[0].value))
-    return found
+    return tuple(found)
 
 
 @pytest.mark.parametrize("layer", sorted(FOLDERS))
