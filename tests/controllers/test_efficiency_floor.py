@@ -256,9 +256,11 @@ def _mpc_runs(
     top clock, on Poisson arrivals of log-normal prompts: (energies, attainments, the
     floor's raises)."""
     plant = make_plant(profile)
+    # 150 s of arrivals: the flat board's floor raises the clock a few times over and the
+    # synthetic board's never does, as over 300 s at half the cost.
     requests = poisson_workload(
         4.0,
-        300.0,
+        150.0,
         seed=5,
         prompt_tokens=LognormalLengths(median=1000.0, mean=1500.0, minimum=50, maximum=20_000),
         output_tokens=LognormalLengths(median=100.0, mean=150.0, minimum=5, maximum=800),
@@ -285,7 +287,7 @@ def _mpc_runs(
 
 def test_on_a_board_whose_power_is_flat_in_the_clock_the_profile_fed_mpc_races_to_idle() -> None:
     # Without the floor the profile-fed mpc held slower clocks its fluid model prices the
-    # same, 7.8 % dearer than the top clock here; with it 3.4 %.
+    # same, 6.9 % dearer than the top clock here; with it 3.0 %.
     (floored, unfloored, top), (held, held_before), (raises, _) = _mpc_runs(_flat_profile())
     assert raises > 0
     assert unfloored > 1.05 * top
