@@ -1,13 +1,15 @@
 """The safety chain every controller runs in, on a node and in every study.
 
-``MinimumDwell(FloorClock(ClampToSupported(controller, clocks), floor), dwell)``: the
-decision is quantised onto the supported clocks, kept at or above the floor, a lower
+``MinimumDwell(FloorClock(ThermalGuard(ClampToSupported(controller, clocks)), floor),
+dwell)``: the decision is quantised onto the supported clocks, capped near a stated
+thermal limit, kept at or above the floor, a lower
 clock waits out the dwell time and no clock changes sooner than the minimum relock
 interval after the last change. Each layer is a :class:`ControllerWrapper`.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 
 from gpugov.controllers.contract import ClockController, ControllerWrapper, whole_periods
 from gpugov.plant.types import ServingObservation
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DWELL_S = 0.5
 """Seconds a clock is held before a lower one is applied (``safety.dwell_s``): two
@@ -83,6 +87,86 @@ class ClampToSupported(ControllerWrapper):
         # The highest supported clock <= requested + 1e-9 (the clocks are sorted).
         index = bisect_right(self.clocks_mhz, requested + 1e-9)
         return self.clocks_mhz[index - 1] if index else self.clocks_mhz[0]
+
+
+THERMAL_BAND_C = 2.0
+"""The band under a stated thermal limit in which :class:`ThermalGuard` caps the clock:
+two of NVML's whole-degree readings."""
+THERMAL_GIVE_UP_S = 120.0
+"""Seconds the die may stay at or above the limit with the clock at its lowest before
+:class:`ThermalGuard` calls the limit unholdable and stands down (until the die cools
+under the band)."""
+
+
+class ThermalGuard(ControllerWrapper):
+    """Hold the thermal limit the node states (``observation.thermal_limit_c``) whatever
+    the controller decides: with the die (the domain's hottest GPU) within
+    :data:`THERMAL_BAND_C` of the limit, the decision is capped at a clock that falls in
+    proportion from the top clock at the band's foot to the lowest at the limit (a
+    static map from temperature to clock, stable on the die's first-order thermal
+    response whatever its time constant). Where the limit cannot be held (the die at or
+    above it for :data:`THERMAL_GIVE_UP_S` at the lowest clock: an ambient too hot for
+    it) the guard stands down, one log line, until the die is back under the band.
+
+    A controller in its warm-up, or a rule that raises past its own thermal plan, went
+    past a stated limit; the GPU's own slowdown only acts at its hardware limit."""
+
+    def __init__(self, inner: ClockController, clocks_mhz: Sequence[float]) -> None:
+        super().__init__(inner)
+        self.clocks_mhz = tuple(sorted(float(c) for c in clocks_mhz))
+        self.capped = 0
+        """Decisions lowered by the guard."""
+        self.cap_mhz: float | None = None
+        """The cap of the last decision (None: none applied)."""
+        self.unholdable = False
+        self._lowest_since_s: float | None = None
+
+    def __call__(self, observation: ServingObservation) -> float:
+        decision = float(self.inner(observation))
+        cap = self._cap(observation)
+        self.cap_mhz = cap
+        if cap is None or decision <= cap:
+            return decision
+        self.capped += 1
+        return cap
+
+    def _cap(self, observation: ServingObservation) -> float | None:
+        """The clock the die's temperature allows now (None: no cap)."""
+        limit = observation.thermal_limit_c
+        temperature = observation.temperature_c
+        clocks = self.clocks_mhz
+        if limit is None or not math.isfinite(limit) or not math.isfinite(temperature):
+            return None
+        room = (limit - temperature) / THERMAL_BAND_C
+        if room >= 1.0:
+            if self.unholdable:
+                self.unholdable = False
+                log.info("thermal limit %.4g C: the die is back under it; held again", limit)
+            self._lowest_since_s = None
+            return None
+        if self.unholdable:
+            return None
+        share = min(1.0, max(0.0, room))
+        wanted = clocks[0] + share * (clocks[-1] - clocks[0])
+        index = bisect_right(clocks, wanted + 1e-9)
+        cap = clocks[index - 1] if index else clocks[0]
+        if room > 0.0 or cap > clocks[0]:
+            self._lowest_since_s = None
+        elif self._lowest_since_s is None:
+            self._lowest_since_s = observation.time_s
+        elif observation.time_s - self._lowest_since_s >= THERMAL_GIVE_UP_S:
+            self.unholdable = True
+            log.warning(
+                "thermal limit %.4g C cannot be held: the die stayed at %.4g C or above for "
+                "%.0f s at the lowest clock; the clock is no longer capped for it until the "
+                "die is back under %.4g C",
+                limit,
+                limit,
+                THERMAL_GIVE_UP_S,
+                limit - THERMAL_BAND_C,
+            )
+            return None
+        return cap
 
 
 class FloorClock(ControllerWrapper):
@@ -187,7 +271,7 @@ def with_safety(
     """The standard chain: clamp to supported, then the floor, then the dwell time and
     the minimum relock interval, counted in whole periods of ``period_s`` when given."""
     settings = settings or SafetySettings()
-    controller: ClockController = ClampToSupported(inner, clocks_mhz)
+    controller: ClockController = ThermalGuard(ClampToSupported(inner, clocks_mhz), clocks_mhz)
     if settings.floor_mhz is not None:
         controller = FloorClock(controller, settings.floor_mhz, clocks_mhz)
     return MinimumDwell(
@@ -235,6 +319,7 @@ __all__ = [
     "FloorClock",
     "MinimumDwell",
     "SafetySettings",
+    "ThermalGuard",
     "clamp_layer",
     "held_by_node",
     "invalid_decisions",

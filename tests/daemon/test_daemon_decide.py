@@ -27,6 +27,7 @@ from gpugov.daemon.safety import (
     FloorClock,
     MinimumDwell,
     SafetySettings,
+    ThermalGuard,
     invalid_decisions,
     raw_decision,
     with_safety,
@@ -99,7 +100,7 @@ def test_factory_returns_the_deployed_chain_named_after_the_spec() -> None:
     )
     chain = build_controller(FixedControllerConfig(kind="fixed", clock_mhz=500), context)
     kinds = [type(layer) for layer in layers(chain)[:-1]]
-    assert kinds == [MinimumDwell, FloorClock, ClampToSupported]
+    assert kinds == [MinimumDwell, FloorClock, ThermalGuard, ClampToSupported]
     assert all(
         isinstance(layer, Named) and layer.name == "fixed:500" for layer in layers(chain)[:-1]
     )

@@ -1,0 +1,89 @@
+"""The safety chain holds a stated thermal limit whatever the controller decides."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+from synthetic import make_plant, poisson_requests
+
+from gpugov.daemon.safety import THERMAL_BAND_C, THERMAL_GIVE_UP_S, ThermalGuard, with_safety
+from gpugov.plant import chunked_prefill_scheduler, simulate
+from gpugov.plant.types import ServingObservation
+
+CLOCKS = (300.0, 600.0, 900.0, 1200.0, 1500.0)
+
+
+def _at(time_s: float, temperature_c: float, limit_c: float | None = 80.0) -> ServingObservation:
+    return ServingObservation(
+        time_s=time_s,
+        step_index=int(time_s),
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=temperature_c,
+        thermal_limit_c=limit_c,
+        supported_clocks_mhz=CLOCKS,
+    )
+
+
+def _top(observation: ServingObservation) -> float:
+    return CLOCKS[-1]
+
+
+def test_the_cap_falls_from_the_top_clock_to_the_lowest_across_the_band() -> None:
+    guard = ThermalGuard(_top, CLOCKS)
+    assert guard(_at(0.0, 80.0 - THERMAL_BAND_C)) == 1500.0  # the band's foot: no cap
+    assert guard(_at(1.0, 80.0 - THERMAL_BAND_C / 2)) == 900.0  # halfway down
+    assert guard(_at(2.0, 80.0)) == 300.0  # at the limit: the lowest clock
+    assert guard(_at(3.0, 95.0)) == 300.0
+    assert guard.capped == 3
+    # No limit stated, or no reading: the decision as it is.
+    assert guard(_at(4.0, 95.0, limit_c=None)) == 1500.0
+    assert guard(_at(5.0, float("nan"))) == 1500.0
+    # A lower decision than the cap passes unchanged.
+    assert ThermalGuard(lambda o: 600.0, CLOCKS)(_at(6.0, 80.0 - THERMAL_BAND_C / 2)) == 600.0
+
+
+def test_an_unholdable_limit_is_said_once_and_the_guard_stands_down_until_the_die_cools(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A die that stays at the limit at the lowest clock (an ambient too hot for the
+    limit stated) would hold the node at its lowest clock for good."""
+    guard = ThermalGuard(_top, CLOCKS)
+    with caplog.at_level(logging.INFO, logger="gpugov"):
+        decisions = [guard(_at(float(t), 81.0)) for t in range(int(THERMAL_GIVE_UP_S) + 5)]
+    assert decisions[0] == 300.0 and decisions[-1] == 1500.0 and guard.unholdable
+    warnings = [r for r in caplog.records if "cannot be held" in r.getMessage()]
+    assert len(warnings) == 1
+    assert guard(_at(500.0, 79.0)) == 1500.0 and guard.unholdable  # in the band: stood down
+    assert guard(_at(501.0, 80.0 - THERMAL_BAND_C - 0.5)) == 1500.0
+    assert not guard.unholdable  # cooled under the band: held again
+    assert guard(_at(502.0, 80.0)) == 300.0
+
+
+def test_every_controller_holds_a_stated_limit_on_the_plant() -> None:
+    """The maximum clock, with the node stating a limit 3 C under the peak the die reaches
+    there: the chain keeps the die under it (the plant's own limit, far higher, never
+    slows the GPU). Under the plant's own limit alone the same run is unchanged."""
+    plant = make_plant()
+    workload = poisson_requests(120.0)
+    top = float(plant.profile.clock_mhz[-1])
+    free = simulate(workload, plant, chunked_prefill_scheduler, lambda o: top, 0)
+    limit = free.metrics.peak_temperature_c - 3.0
+    clocks = [float(c) for c in plant.profile.clock_mhz]
+    chain = with_safety(lambda o: top, clocks)
+
+    def stated(observation: ServingObservation) -> float:
+        return chain(dataclasses.replace(observation, thermal_limit_c=limit))
+
+    held = simulate(workload, plant, chunked_prefill_scheduler, stated, 0)
+    guard = chain.inner
+    assert isinstance(guard, ThermalGuard) and guard.capped > 0
+    assert held.metrics.peak_temperature_c <= limit + 0.2
+    assert held.metrics.energy_j < free.metrics.energy_j
+    unstated = with_safety(lambda o: top, clocks)
+    again = simulate(workload, plant, chunked_prefill_scheduler, unstated, 0)
+    assert again.metrics.energy_j == free.metrics.energy_j
