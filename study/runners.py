@@ -284,6 +284,10 @@ WAIT_S = 1.0
 """How often the driver calls ``map_cells``' ``on_wait`` while it waits for cells."""
 
 
+_ISOLATED_FROM: int | None = None
+"""In a :func:`run_isolated` child, the process it was forked from (else None)."""
+
+
 class CellProgress:
     """How far each cell has got while it runs (in any unit, e.g. simulated seconds),
     readable by the driver before the cell finishes: one slot per cell key, so that a cell
@@ -308,7 +312,9 @@ class CellProgress:
         if self._done is None:  # a copy in another process (Ray): nothing to report to
             return
         self._done[self.slots[key]] = done
-        if self.on_report is not None and os.getpid() == self._driver_pid:
+        # The driver, or its run_isolated child (the driver waits on it meanwhile).
+        driver = os.getpid() == self._driver_pid or self._driver_pid == _ISOLATED_FROM
+        if self.on_report is not None and driver:
             self.on_report()
 
     def total(self) -> float:
@@ -382,6 +388,83 @@ def _set_worker_shared(shared: Mapping[str, Any], parent_pid: int) -> None:
         print(f"gpugov: a worker process could not start: {error!r}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)  # the pool breaks: its cells are retried, then RunnerError
+
+
+class IsolatedRunDied(Exception):
+    """:func:`run_isolated`'s child process ended without an answer (``os._exit``, a
+    signal, a crash in compiled code)."""
+
+
+def run_isolated(work: Callable[[], T], who: str) -> T:
+    """``work()`` in a forked child process, its value (picklable) returned here: outside
+    code that ends its process (``os._exit``, a segfault or abort in compiled code) ends
+    the child only, and what it changes in its module's state stays in the child, so the
+    next call starts from this process's state whatever ran before or where (``--jobs``,
+    Ray). The child ignores Ctrl-C and ends with this process, as a pool's worker does;
+    this process ends it on Ctrl-C or SIGTERM.
+
+    Raises:
+        IsolatedRunDied: the child ended without an answer (one line naming ``who`` and
+            its exit code or signal).
+        Exception: what ``work`` raised, as one line of its message (a
+            :class:`~daemon.errors.ControllerError`).
+    """
+    from gpugov.daemon.errors import ControllerError
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    parent = os.getpid()
+    child = context.Process(target=_isolated_child, args=(work, send, parent))
+    child.start()
+    send.close()
+    try:
+        try:
+            status, value = receive.recv()
+        except EOFError:
+            child.join()
+            code = child.exitcode
+            how = (
+                f"signal {signal.Signals(-code).name}"
+                if code is not None and code < 0 and -code in signal.Signals._value2member_map_
+                else f"exit code {code}"
+            )
+            raise IsolatedRunDied(f"{who} ended its process ({how}) before it answered") from None
+        child.join()
+    finally:
+        receive.close()
+        if child.is_alive():  # Ctrl-C, SIGTERM or an error here: the child goes too
+            child.terminate()
+            child.join()
+    if status == "error":
+        raise ControllerError(value)
+    return value  # type: ignore[no-any-return]
+
+
+def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
+    """:func:`run_isolated`'s child: Ctrl-C is the parent's, SIGTERM ends it, it ends with
+    the parent; runs ``work`` and sends ``("ok", value)`` or ``("error", message)``, then
+    exits at once (no cleanup of the parent's that it inherited runs twice)."""
+    global _ISOLATED_FROM
+    _ISOLATED_FROM = parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
+    _die_with_parent(parent)
+    answer: tuple[str, Any]
+    try:
+        answer = ("ok", work())
+    except BaseException as error:  # outside code: any failure is its own, said in a line
+        answer = ("error", " ".join(str(error).split()) or type(error).__name__)
+    try:
+        send.send(answer)
+    except BaseException as error:  # an answer that does not pickle
+        message = " ".join(str(error).split()) or type(error).__name__
+        send.send(("error", f"its result could not be sent back: {message}"))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -784,6 +867,7 @@ __all__ = [
     "RAY_INSTALL_HINT",
     "CellDone",
     "CellProgress",
+    "IsolatedRunDied",
     "RayRuntime",
     "RunnerError",
     "RunnerSpec",
@@ -793,6 +877,7 @@ __all__ = [
     "import_ray",
     "map_cells",
     "ray_endpoint",
+    "run_isolated",
     "runner_ready",
     "signals_blocked",
     "single_threaded",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -358,23 +359,32 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def check_outside_rows(config: BenchConfig) -> None:
     """Build each outside controller once, for the first profile's clocks, as a scenario
-    will: a factory that raises or returns no callable is refused in one line before any
-    work, not minutes into the run."""
+    will: a factory that raises, returns no callable or ends its process is refused in one
+    line before any work, not minutes into the run. It is built in a child process, as
+    the scenarios build it (:func:`~gpugov.study.runners.run_isolated`): what its factory
+    changes in its module's state is not there when they start."""
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.controller_spec import parse_controller_spec, shown_spec
     from gpugov.daemon.decide import ControllerContext, build_controller, close_controller
     from gpugov.daemon.errors import ControllerError
+    from gpugov.study.runners import IsolatedRunDied, run_isolated
 
     if not config.outside_controllers:
         return
     clocks = tuple(float(c) for c in resolve_profile(config.profiles[0]).clock_mhz)
     context = ControllerContext(period_s=config.online_period_s, supported_clocks_mhz=clocks)
+
+    def build_and_close(text: str) -> None:
+        built = build_controller(parse_controller_spec(text), context)
+        close_controller(built, f"--controller {shown_spec(text)}")
+
     for text in config.outside_controllers:
         try:
-            built = build_controller(parse_controller_spec(text), context)
-        except ControllerError as error:
+            run_isolated(
+                functools.partial(build_and_close, text), f"controller {shown_spec(text)!r}"
+            )
+        except (ControllerError, IsolatedRunDied) as error:
             raise UsageError(f"--controller {shown_spec(text)}: {error}") from None
-        close_controller(built, f"--controller {shown_spec(text)}")
 
 
 def _outside_for_layout(args: argparse.Namespace) -> list[str] | None:

@@ -57,6 +57,7 @@ oracles and the bound come from :mod:`controllers.oracles`.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -94,7 +95,7 @@ from gpugov.study.online_eval import (
     summarize_model_error,
 )
 from gpugov.study.provenance import software_versions
-from gpugov.study.runners import CellProgress, RunnerSpec, map_cells
+from gpugov.study.runners import CellProgress, RunnerSpec, map_cells, run_isolated
 from gpugov.study.scoreboard.controllers import (
     ControllerEntry,
     bench_controllers,
@@ -362,31 +363,30 @@ def run_scenario(
     failed: list[dict[str, Any]] = []
     comparison: dict[str, Any] | None = None
     reference: ServingResult | None = None
-    for position, entry in enumerate(entries):
-        advance(position)
+
+    def measure(
+        entry: ControllerEntry, position: int
+    ) -> tuple[ServingResult, float, float, list[float], dict[str, Any], Any]:
+        """``entry``'s controller built and run on the scenario, then closed: its result,
+        offline and wall seconds, decision times, extra row fields and (the SLSQP MPC of
+        the comparison scenario) its recorded problems."""
         start = time.perf_counter()
+        chain = entry.build()
+        offline = time.perf_counter() - start
+        inner = chain.unwrapped
+        recorder = (
+            ProblemRecorder(inner)  # type: ignore[arg-type]
+            if compare and entry.key == "mpc-slsqp"
+            else None
+        )
+        timed = TimedController(chain)
         try:
-            chain = entry.build()
-            offline = time.perf_counter() - start
-            inner = chain.unwrapped
-            recorder = (
-                ProblemRecorder(inner)  # type: ignore[arg-type]
-                if compare and entry.key == "mpc-slsqp"
-                else None
-            )
-            timed = TimedController(chain)
-            try:
-                result, wall = run(timed, entry.key, entry.control_period_s, position)
-            finally:
-                close_controller(chain, f"{scenario.key}: controller {entry.key!r}")
-        except Exception as error:  # another package's row: its failure costs it alone
-            if not entry.outside:
-                raise
-            failed.append(failed_row(scenario.key, entry.key, error))
-            continue
+            result, wall = run(timed, entry.key, entry.control_period_s, position)
+        finally:
+            close_controller(chain, f"{scenario.key}: controller {entry.key!r}")
         # Decisions that were not a clock (the chain ran the top clock instead).
         extra: dict[str, Any] = {"invalid_decisions": invalid_decisions(chain)}
-        times: Sequence[float] = timed.call_times_s
+        times = [float(t) for t in timed.call_times_s]
         report = inner.diagnostics() if isinstance(inner, Diagnosable) else None
         if report is not None:
             # An MPC: its own solve times are the decision times.
@@ -403,6 +403,26 @@ def run_scenario(
             extra["model_error_by_clock"] = errors
             extra["model_error"] = summarize_model_error(errors)
             extra["online_status"] = inner.status()
+        return result, offline, wall, times, extra, recorder
+
+    for position, entry in enumerate(entries):
+        advance(position)
+        try:
+            if entry.outside:
+                # Another package's code runs in a child process: one that ends its
+                # process costs its row, and its module's state does not carry over to
+                # the next scenario (which would follow --jobs and the scenario order).
+                measured = run_isolated(
+                    functools.partial(measure, entry, position), f"controller {entry.key!r}"
+                )
+            else:
+                measured = measure(entry, position)
+        except Exception as error:  # another package's row: its failure costs it alone
+            if not entry.outside:
+                raise
+            failed.append(failed_row(scenario.key, entry.key, error))
+            continue
+        result, offline, wall, times, extra, recorder = measured
         results[entry.key] = result
         if entry.key == "max":
             reference = result

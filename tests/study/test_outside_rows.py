@@ -280,3 +280,72 @@ def test_the_report_names_the_software_and_the_outside_code_it_ran(
     first = (report / "report.md").read_text().splitlines()[2]
     assert f"numpy {versions['numpy']}" in first and f"scipy {versions['scipy']}" in first
     assert f"{spec} from {spec} (module sha256 {source['module_sha256'][:12]})" in first
+
+
+def test_an_outside_controller_that_ends_its_process_costs_its_row_only(
+    module_on_path: Callable[[str, str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """os._exit (as a crash in compiled code would end it) inside a decision ends a child
+    process, not the board: the other rows are written, the row is named with the exit
+    code in failed_rows and one line, exit 1."""
+    name = module_on_path(
+        "study_exits_its_process",
+        """
+        import os
+
+
+        def make(context):
+            def decide(observation):
+                if observation.time_s >= 5.0:
+                    os._exit(7)
+                return context.supported_clocks_mhz[-1]
+
+            return decide
+        """,
+    )
+    out = tmp_path / "board"
+    spec = f"{name}:make"
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    assert main([*argv, "--controller", spec]) == 1
+    err = capsys.readouterr().err
+    payload = json.loads((out / "scoreboard.json").read_text())
+    assert {"max", "mpc-online", "pid"} <= {row["controller"] for row in payload["rows"]}
+    (failed,) = payload["failed_rows"]
+    assert failed["controller"] == spec
+    assert (
+        failed["error"] == f"controller '{spec}' ended its process (exit code 7) before it answered"
+    )
+    (line,) = [line for line in err.splitlines() if line.startswith("gpugov: error:")]
+    assert "exit code 7" in line and "Traceback" not in err
+
+
+def test_each_scenario_builds_an_outside_controller_from_the_same_module_state(
+    module_on_path: Callable[[str, str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A factory that keeps state in its module (a counter here, a model it goes on
+    learning in a real one) finds the same state on every scenario, whatever ran before
+    it in the process: its rows do not follow --jobs or the scenarios' order."""
+    log = tmp_path / "builds.txt"
+    name = module_on_path(
+        "study_module_state",
+        f"""
+        BUILT = []
+
+
+        def make(context):
+            BUILT.append(1)
+            with open({str(log)!r}, "a") as handle:
+                handle.write(f"{{len(BUILT)}}\\n")
+            return lambda observation: context.supported_clocks_mhz[-1]
+        """,
+    )
+    spec = f"{name}:make"
+    argv = ["bench", "controllers", "--tiny", "--windows", "2", "--duration", "10"]
+    assert main([*argv, "--jobs", "1", "--out", str(tmp_path / "b"), "--controller", spec]) == 0
+    capsys.readouterr()
+    # The check before the run, then each of the two windows: each built on a fresh state.
+    assert log.read_text().split() == ["1", "1", "1"]
