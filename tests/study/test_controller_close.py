@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,20 +17,28 @@ from gpugov.daemon.decide import close_controller
 from gpugov.daemon.replay import replay
 
 CLOSABLE = """
-made = []
-closed = []
+import os
+import uuid
+
+LOG = {log!r}
+
+
+def _note(what, name):
+    with open(os.path.join(LOG, what), "a") as file:
+        file.write(name + "\\n")
 
 
 class Governor:
     def __init__(self, clocks):
         self.clocks = clocks
-        made.append(self)
+        self.id = uuid.uuid4().hex
+        _note("made", self.id)
 
     def __call__(self, observation):
         return self.clocks[-1]
 
     def close(self):
-        closed.append(self)
+        _note("closed", self.id)
 
 
 def make(context):
@@ -53,21 +60,42 @@ def make(context):
 """
 
 
+class Log:
+    """What the outside controllers noted, in whatever process they ran (a study may build
+    one in a child process): each one made, each one closed."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _read(self, what: str) -> list[str]:
+        path = self.folder / what
+        return path.read_text().split() if path.exists() else []
+
+    @property
+    def made(self) -> list[str]:
+        return self._read("made")
+
+    @property
+    def closed(self) -> list[str]:
+        return self._read("closed")
+
+
 @pytest.fixture
-def closable(module_on_path: Callable[[str, str], str]) -> Any:
-    """The module of an outside controller that counts its instances and closes."""
-    import importlib
-
-    return importlib.import_module(module_on_path("closable_gov", CLOSABLE))
-
-
-def _all_closed(module: Any) -> None:
-    assert module.made, "no controller was built"
-    assert {id(c) for c in module.closed} == {id(c) for c in module.made}
-    assert len(module.closed) == len(module.made)
+def closable(module_on_path: Callable[[str, str], str], tmp_path: Path) -> Log:
+    """An outside controller ``closable_gov:make`` that notes each instance made and
+    closed in files (a child process's too)."""
+    folder = tmp_path / "log"
+    folder.mkdir()
+    module_on_path("closable_gov", CLOSABLE.format(log=str(folder)))
+    return Log(folder)
 
 
-def test_simulate_and_replay_close_their_controllers(closable: Any, tmp_path: Path) -> None:
+def _all_closed(log: Log) -> None:
+    assert log.made, "no controller was built"
+    assert sorted(log.closed) == sorted(log.made)
+
+
+def test_simulate_and_replay_close_their_controllers(closable: Log, tmp_path: Path) -> None:
     spec = "closable_gov:make"
     run = ["--duration", "20", "--quiet", "--controller", spec]
     record = tmp_path / "run.jsonl"
@@ -94,7 +122,7 @@ def test_simulate_and_replay_close_their_controllers(closable: Any, tmp_path: Pa
     _all_closed(closable)
 
 
-def test_a_sweep_closes_its_cells_and_its_checks(closable: Any, tmp_path: Path) -> None:
+def test_a_sweep_closes_its_cells_and_its_checks(closable: Log, tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text(
         'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
@@ -106,7 +134,7 @@ def test_a_sweep_closes_its_cells_and_its_checks(closable: Any, tmp_path: Path) 
     _all_closed(closable)
 
 
-def test_a_fleet_closes_its_nodes_and_its_check(closable: Any, tmp_path: Path) -> None:
+def test_a_fleet_closes_its_nodes_and_its_check(closable: Log, tmp_path: Path) -> None:
     flags = ["--nodes", "2", "--no-step", "--duration", "10", "--drain", "5"]
     flags += ["--trace", "azure-conv-10min", "--trace-start", "0", "--budgets", "1.0"]
     flags += ["--allocators", "uniform", "--jobs", "1", "--quiet"]
