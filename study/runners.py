@@ -390,11 +390,6 @@ def _set_worker_shared(shared: Mapping[str, Any], parent_pid: int) -> None:
         os._exit(1)  # the pool breaks: its cells are retried, then RunnerError
 
 
-class IsolatedRunDied(Exception):
-    """:func:`run_isolated`'s child process ended without an answer (``os._exit``, a
-    signal, a crash in compiled code)."""
-
-
 def run_isolated(work: Callable[[], T], who: str) -> T:
     """``work()`` in a forked child process, its value (picklable) returned here: outside
     code that ends its process (``os._exit``, a segfault or abort in compiled code) ends
@@ -404,10 +399,9 @@ def run_isolated(work: Callable[[], T], who: str) -> T:
     this process ends it on Ctrl-C or SIGTERM.
 
     Raises:
-        IsolatedRunDied: the child ended without an answer (one line naming ``who`` and
-            its exit code or signal).
-        Exception: what ``work`` raised, as one line of its message (a
-            :class:`~daemon.errors.ControllerError`).
+        ControllerError: what ``work`` raised, as one line of its message; or the child
+            ended without an answer (one line naming ``who`` and its exit code or
+            signal).
     """
     from gpugov.daemon.errors import ControllerError
 
@@ -428,7 +422,7 @@ def run_isolated(work: Callable[[], T], who: str) -> T:
                 if code is not None and code < 0 and -code in signal.Signals._value2member_map_
                 else f"exit code {code}"
             )
-            raise IsolatedRunDied(f"{who} ended its process ({how}) before it answered") from None
+            raise ControllerError(f"{who} ended its process ({how}) before it answered") from None
         child.join()
     finally:
         receive.close()
@@ -867,7 +861,6 @@ __all__ = [
     "RAY_INSTALL_HINT",
     "CellDone",
     "CellProgress",
-    "IsolatedRunDied",
     "RayRuntime",
     "RunnerError",
     "RunnerSpec",

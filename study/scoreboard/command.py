@@ -367,7 +367,7 @@ def check_outside_rows(config: BenchConfig) -> None:
     from gpugov.daemon.controller_spec import parse_controller_spec, shown_spec
     from gpugov.daemon.decide import ControllerContext, build_controller, close_controller
     from gpugov.daemon.errors import ControllerError
-    from gpugov.study.runners import IsolatedRunDied, run_isolated
+    from gpugov.study.runners import run_isolated
 
     if not config.outside_controllers:
         return
@@ -383,7 +383,7 @@ def check_outside_rows(config: BenchConfig) -> None:
             run_isolated(
                 functools.partial(build_and_close, text), f"controller {shown_spec(text)!r}"
             )
-        except (ControllerError, IsolatedRunDied) as error:
+        except ControllerError as error:
             raise UsageError(f"--controller {shown_spec(text)}: {error}") from None
 
 

@@ -3,6 +3,7 @@ determines its result, with every input loaded and checked before the first cell
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,12 +27,15 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
 )
 from gpugov.daemon.decide import close_controller
+from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
 from gpugov.plant import PerformanceProfile, ServingPlant, load_profile
 from gpugov.plant.profile import ProfileError
 from gpugov.plant.synthetic_profiles import expand_synthetic, is_synthetic_spec, resolve_profile
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, TraceError, workload_checksum
+from gpugov.study.provenance import outside_specs
+from gpugov.study.runners import run_isolated
 from gpugov.study.sweep.grid import (
     SweepGrid,
     _file_identity,
@@ -261,21 +265,19 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
             _period(grid.settings(), spec),
             f"{path}: keys 'slo_target' and 'control_period_s' ({spec})",
         )
+        outside = bool(outside_specs([spec]))
         for entry, profile in profiles.items():
+            build = functools.partial(_build_and_close, path, spec, entry, profile, first, grid)
             try:
-                built = simulated_controller(
-                    spec,
-                    ServingPlant.from_profile(profile),
-                    first,
-                    _period(grid.settings(), spec),
-                    safety=_safety(grid.settings()),
-                    slo_target=slo_target_of(grid.settings()["slo_target"]),
-                )
-                close_controller(built, f"{path}: controller {spec!r} on {entry}")
-            except UsageError as error:
-                raise UsageError(
-                    f"{path}: key 'controllers' ({entry}): {_spec_message(error)}"
-                ) from error
+                if outside:
+                    # Built in a child process, as its cells build it (run_cell): what its
+                    # factory changes in its module's state is not there when they start.
+                    run_isolated(build, f"controller {spec!r}")
+                else:
+                    build()
+            except (UsageError, ControllerError) as error:
+                message = _spec_message(UsageError(str(error)))
+                raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
             checked(f"controller {spec} on {entry}")
     settings = grid.settings()
     contents = {spec: _spec_contents(path, spec) for spec in grid.controllers}
@@ -351,6 +353,27 @@ def _refuse_the_same_twice(path: Path, key: str, identities: Mapping[str, str]) 
                 f"{path}: key {key!r}: {earlier!r} and {entry!r} name the same {what} "
                 f"({identity}); give it once"
             )
+
+
+def _build_and_close(
+    path: Path,
+    spec: str,
+    entry: str,
+    profile: PerformanceProfile,
+    workload: Sequence[Request],
+    grid: SweepGrid,
+) -> None:
+    """Build ``spec``'s controller on ``profile`` as a cell will, then close it: the
+    check of a grid's controller (a refusal is a :class:`UsageError`)."""
+    built = simulated_controller(
+        spec,
+        ServingPlant.from_profile(profile),
+        workload,
+        _period(grid.settings(), spec),
+        safety=_safety(grid.settings()),
+        slo_target=slo_target_of(grid.settings()["slo_target"]),
+    )
+    close_controller(built, f"{path}: controller {spec!r} on {entry}")
 
 
 def _spec_message(error: UsageError) -> str:

@@ -36,6 +36,7 @@ from gpugov.study.runners import (
     import_ray,
     map_cells,
     ray_endpoint,
+    run_isolated,
     runner_ready,
 )
 from gpugov.study.sweep.grid import (
@@ -112,32 +113,51 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
             shared[f"profile:{cell.profile}"], latency_noise_cv=settings["latency_noise"]
         )
         period = _period(settings, cell.controller)
-        controller = simulated_controller(
-            cell.controller,
-            plant,
-            workload,
-            period,
-            safety=_safety(settings),
-            # Results written before the key existed gave the controller no target.
-            slo_target=slo_target_of(settings.get("slo_target")),
-        )
-        try:
-            result = simulate(
-                workload,
+
+        def simulated() -> dict[str, Any]:
+            """The cell's controller built, run and closed: the row's result fields."""
+            controller = simulated_controller(
+                cell.controller,
                 plant,
-                SCHEDULERS[settings["scheduler"]],
-                controller,
-                seed=cell.seed,
-                controller_name=cell.controller,
-                control_period_s=period,
-                # Results written before the view existed observed the exact state.
-                view=observation_view(
-                    settings.get("engine_view", "exact"), slo_target_of(settings.get("slo_target"))
-                ),
-                on_progress=on_progress,
+                workload,
+                period,
+                safety=_safety(settings),
+                # Results written before the key existed gave the controller no target.
+                slo_target=slo_target_of(settings.get("slo_target")),
             )
-        finally:
-            close_controller(controller, f"cell {cell.key}: controller {cell.controller!r}")
+            try:
+                result = simulate(
+                    workload,
+                    plant,
+                    SCHEDULERS[settings["scheduler"]],
+                    controller,
+                    seed=cell.seed,
+                    controller_name=cell.controller,
+                    control_period_s=period,
+                    # Results written before the view existed observed the exact state.
+                    view=observation_view(
+                        settings.get("engine_view", "exact"),
+                        slo_target_of(settings.get("slo_target")),
+                    ),
+                    on_progress=on_progress,
+                )
+            finally:
+                close_controller(controller, f"cell {cell.key}: controller {cell.controller!r}")
+            return {
+                "light_load_floor": arrival_separation(result.request_records).separated,
+                "metrics": json_safe(result.metrics.as_dict()),
+                # Decisions that were not a clock (the chain ran the top clock instead).
+                "invalid_decisions": invalid_decisions(controller),
+            }
+
+        # Another package's controller runs in a child process (as on the scoreboard):
+        # one that ends its process fails its cell, and its module's state does not
+        # carry over to the next cell (which would follow --jobs and the cells' order).
+        fields = (
+            run_isolated(simulated, f"controller {cell.controller!r}")
+            if outside_specs([cell.controller])
+            else simulated()
+        )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {
             **base,
@@ -150,10 +170,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         "status": "ok",
         "requests": len(workload),
         "workload_checksum": workload_checksum(workload),
-        "light_load_floor": arrival_separation(result.request_records).separated,
-        "metrics": json_safe(result.metrics.as_dict()),
-        # Decisions that were not a clock (the chain ran the top clock instead).
-        "invalid_decisions": invalid_decisions(controller),
+        "light_load_floor": fields["light_load_floor"],
+        "metrics": fields["metrics"],
+        "invalid_decisions": fields["invalid_decisions"],
         "wall_s": time.perf_counter() - started,
     }
 

@@ -349,3 +349,62 @@ def test_each_scenario_builds_an_outside_controller_from_the_same_module_state(
     capsys.readouterr()
     # The check before the run, then each of the two windows: each built on a fresh state.
     assert log.read_text().split() == ["1", "1", "1"]
+
+
+def test_a_sweep_keeps_its_cells_when_an_outside_controller_ends_its_process(
+    module_on_path: Callable[[str, str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A sweep's cell whose outside controller ends its process fails alone (named with
+    the exit code), and a factory's module state is the same for every cell and for the
+    grid's check: the state a cell starts from follows neither --jobs nor the order."""
+    log = tmp_path / "builds.txt"
+    name = module_on_path(
+        "study_sweep_process",
+        f"""
+        import os
+
+        BUILT = []
+
+
+        def exits(context):
+            def decide(observation):
+                if observation.time_s >= 5.0:
+                    os._exit(7)
+                return context.supported_clocks_mhz[-1]
+
+            return decide
+
+
+        def counts(context):
+            BUILT.append(1)
+            with open({str(log)!r}, "a") as handle:
+                handle.write(f"{{len(BUILT)}}\\n")
+            return lambda observation: context.supported_clocks_mhz[-1]
+        """,
+    )
+    grid = tmp_path / "grid.toml"
+    controllers = ["max", f"{name}:exits", f"{name}:counts"]
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f"controllers = {json.dumps(controllers)}\nseeds = [0, 1]\nduration_s = 10.0\n"
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    status = {(row["controller"], row["seed"]): row["status"] for row in rows}
+    assert status == {
+        ("max", 0): "ok",
+        ("max", 1): "ok",
+        (controllers[1], 0): "failed",
+        (controllers[1], 1): "failed",
+        (controllers[2], 0): "ok",
+        (controllers[2], 1): "ok",
+    }
+    failed = [row["error"] for row in rows if row["status"] == "failed"]
+    assert all("ended its process (exit code 7)" in error for error in failed)
+    # The grid's check and the two cells, each built on the module's first state.
+    assert log.read_text().split() == ["1", "1", "1"]
