@@ -14,6 +14,7 @@ import copy
 import logging
 import math
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -721,6 +722,8 @@ def warm_up(
     outside = outside_layer(controller)
     try:
         probe = copy.deepcopy(outside or unwrap(controller))
+        if isinstance(probe, ControllerWrapper) and isinstance(probe.inner, types.FunctionType):
+            probe.inner = function_copy(probe.inner)  # deepcopy gave the function itself
     except Exception as error:
         if outside is None:
             raise
@@ -778,6 +781,37 @@ def close_controller(controller: ClockController, who: str) -> bool:
         log.warning("%s: closing the controller failed: %r", who, error)
         return False
     return True
+
+
+def function_copy(function: types.FunctionType) -> types.FunctionType:
+    """``function`` with copies of what its closure holds. ``copy.deepcopy`` gives a
+    function as itself, so a warm-up decision on its "copy" was a real call: the state a
+    closure keeps (a count, an average) carried it into the run, and ``run`` decided other
+    clocks than ``simulate``. Its globals stay shared, as a module's state is.
+
+    Raises:
+        Exception: what copying a cell's value raises (a lock, a socket).
+    """
+    memo: dict[int, Any] = {}
+    cells = []
+    for cell in function.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell (a name bound later)
+            cells.append(types.CellType())
+            continue
+        cells.append(types.CellType(copy.deepcopy(value, memo)))
+    copied = types.FunctionType(
+        function.__code__,
+        function.__globals__,
+        function.__name__,
+        copy.deepcopy(function.__defaults__, memo),
+        tuple(cells) if function.__closure__ is not None else None,
+    )
+    copied.__kwdefaults__ = copy.deepcopy(function.__kwdefaults__, memo)
+    copied.__dict__.update(function.__dict__)
+    copied.__qualname__ = function.__qualname__
+    return copied
 
 
 __all__ = [

@@ -229,3 +229,51 @@ def test_an_outside_controller_that_cannot_be_copied_skips_its_warm_up(
     assert made[0].calls == 0
     assert any("cannot be copied for a warm-up" in r.getMessage() for r in caplog.records)
     chain.close()  # a node's chain: its decision deadline's worker
+
+
+@pytest.mark.parametrize("time_mode", ["wall", "virtual"])
+def test_an_outside_function_is_warmed_up_on_a_copy_of_its_closure(
+    monkeypatch: pytest.MonkeyPatch, time_mode: str
+) -> None:
+    """A function (a closure keeping its own state, as the factory of docs/benchmark.md
+    returns) was its own copy: the warm-up's dummy decision was its first real call, so a
+    node's first decision was its second, and ``run --simulate`` ran other clocks than
+    ``simulate`` on the same trace. The warm-up decides on a copy of its closure."""
+    import sys
+    import types
+
+    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.decide import ControllerContext, build_controller
+
+    clocks = (900.0, 1980.0)
+    counts: list[list[int]] = []
+
+    def make(context: Any) -> Any:
+        calls = [0]  # its own state: a count, in its closure
+        counts.append(calls)
+
+        def decide(observation: ServingObservation) -> float:
+            calls[0] += 1
+            return clocks[-1] if calls[0] % 2 else clocks[0]
+
+        return decide
+
+    plugin = types.ModuleType("gpugov_closure_plugin")
+    plugin.make = make  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gpugov_closure_plugin", plugin)
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=clocks, time_mode=time_mode)
+    chain = build_controller(parse_controller_spec("gpugov_closure_plugin:make"), context)
+    warm_up(chain, clocks)
+    assert counts == [[0]]  # the warm-up counted on its copy
+    first = ServingObservation(
+        time_s=0.0,
+        step_index=0,
+        arrived_requests=0,
+        prefill_remaining_tokens=0.0,
+        decode_active=0,
+        generated_decode_tokens=0.0,
+        temperature_c=40.0,
+        supported_clocks_mhz=clocks,
+    )
+    assert chain(first) == clocks[-1] and counts == [[1]]  # its first call
+    chain.close()
