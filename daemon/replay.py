@@ -315,8 +315,9 @@ def replay(
                 raise RecordingError(f"{path}: header, domain {name!r}: {error}") from error
             # As a node says it at its start: an MPC profile that is not its GPUs'.
             gpus = len(info.get("gpus") or []) or 1
-            for line in profile_fit_warnings(spec, clocks, gpus) if warn is not None else ():
-                warn(f"domain {name!r}: controller: {line}")
+            if warn is not None:
+                for line in profile_fit_warnings(spec, clocks, gpus):
+                    warn(f"domain {name!r}: controller: {line}")
         # Older recordings carry older names (mpc_clock, reactive_governor...): show today's.
         recorded_names = sorted(
             {

@@ -361,4 +361,6 @@ def pool_view(engine_view: str, slo_target: SLOTarget | None = None) -> PoolView
     Raises:
         ValueError: not one of :data:`ENGINE_VIEWS`.
     """
-    return observation_view(engine_view, slo_target)
+    if observation_view(engine_view, slo_target) is None:
+        return None
+    return partial(node_view, quantile=tail_quantile(slo_target))
