@@ -72,6 +72,7 @@ from gpugov.plant.workload import (
     DEFAULT_TRACE,
     workload_checksum,
 )
+from gpugov.study.provenance import outside_specs, software_versions
 
 
 def write_plot(result: ServingResult, path: Path, title: str = "") -> None:
@@ -270,6 +271,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             "metadata": {
                 **result.metadata,
                 "gpugov_version": __version__,
+                # The libraries, the checkout's commit and an outside controller's code.
+                "versions": software_versions(outside_specs([args.controller])),
                 "controller": controller_label(args.controller),
                 "controller_spec": args.controller,
                 "engine_view": args.engine_view,

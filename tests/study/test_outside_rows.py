@@ -120,8 +120,12 @@ def test_simulate_warns_about_decisions_that_are_not_a_clock(
     (line,) = err.strip().splitlines()
     assert line.startswith(f"gpugov: warning: controller '{outside}:not_a_number': ")
     assert "(the last: " in line and "top clock" in line
-    invalid = json.loads(result.read_text())["metadata"]["invalid_decisions"]
+    metadata = json.loads(result.read_text())["metadata"]
+    invalid = metadata["invalid_decisions"]
     assert invalid > 0 and f": {invalid} decision(s)" in line
+    # The outside code it ran: its module's file and sha256 (no package on the path).
+    (source,) = metadata["versions"]["outside_controllers"]
+    assert source["spec"] == f"{outside}:not_a_number" and len(source["module_sha256"]) == 64
 
 
 def test_simulate_names_a_sys_exit_in_a_decision(

@@ -466,3 +466,5 @@ def test_the_out_file_names_every_setting_that_changes_its_figures(tmp_path: Pat
     assert vllm["metadata"]["engine_view"] == "vllm"
     assert exact["metadata"]["engine_view"] == "exact"
     assert vllm["metadata"]["gpugov_version"] == __version__
+    assert vllm["metadata"]["versions"]["gpugov"] == __version__
+    assert {"numpy", "scipy", "numba", "source"} <= set(vllm["metadata"]["versions"])
