@@ -581,7 +581,12 @@ class EmulatorServer(ThreadingHTTPServer):
     def start(self) -> None:
         """Start the plant and serve in a background thread (tests)."""
         self.node.start()
-        self._thread = threading.Thread(target=self.serve_forever, name="emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever,
+            kwargs={"poll_interval": 0.05},  # how fast close() returns (0.5 s by default)
+            name="emulator",
+            daemon=True,
+        )
         self._thread.start()
 
     def close(self) -> None:
