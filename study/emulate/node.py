@@ -85,6 +85,10 @@ docs): the emulated GPU reports the share of that much plant time an iteration r
 FAULTS = ("none", "no-permission", "not-supported", "lost")
 
 REPLICA_METRICS_PATH = "/replica/{}/metrics"
+ADVANCE_STEP_S = 1.0
+"""The most plant seconds the advancing thread computes with the node's lock held."""
+ADVANCE_BUDGET_S = 0.2
+"""Wall seconds of computing one advance may take before the node falls behind."""
 """Engine replica ``r``'s own metrics page (``str.format`` with ``r``): what its engine
 process serves on its own port on a real node, its engine labelled ``engine="0"``."""
 
@@ -246,6 +250,11 @@ class EmulatedNode:
         self.tick_s = float(tick_s)
         self._clock = clock
         self._start_wall_s = clock()
+        self._horizon_s: float | None = None
+        """The plant time of the step the advancing thread is catching up to, else None."""
+        self._held_back_s = 0.0
+        """Plant seconds the clock was set back, the plants unable to keep up with speed."""
+        self._said_behind = False
         self.created_unix_s = time.time()
         """When the node's series were made (Unix seconds): each counter's and histogram's
         ``_created`` sample on its page, as prometheus_client stamps them."""
@@ -344,9 +353,17 @@ class EmulatedNode:
         self.simulations[replica].request_clock(float(self.group_clock_mhz(replica)))
 
     # --------------------------------------------------------------------- time
-    def plant_time_s(self) -> float:
-        """Plant seconds since the node started (wall time times ``speed``)."""
+    def _wall_plant_s(self) -> float:
+        """The plant time the wall clock asks for: wall seconds since the start (less any
+        time the node fell behind) times ``speed``."""
         return (self._clock() - self._start_wall_s) * self.speed
+
+    def plant_time_s(self) -> float:
+        """Plant seconds since the node started (wall time times ``speed``; while the
+        advancing thread catches up in steps, the step it is at)."""
+        now = self._wall_plant_s()
+        horizon = self._horizon_s
+        return now if horizon is None else min(now, horizon)
 
     def start(self) -> None:
         """Start the thread that advances the plants to the wall clock."""
@@ -368,10 +385,45 @@ class EmulatedNode:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.advance()
+                self.advance_within_budget()
             except Exception:  # the thread's outermost edge: keep serving, say why
                 log.exception("emulated plant failed to advance")
             self._stop.wait(self.tick_s)
+
+    def advance_within_budget(self) -> None:
+        """Advance to now in steps of at most :data:`ADVANCE_STEP_S` plant seconds, the
+        lock free between them; past :data:`ADVANCE_BUDGET_S` of computing, set the clock
+        back to where the plants are (said once). A ``speed`` the plants cannot be computed
+        at then runs slower than asked, where each advance covered more than the last and
+        held the node's lock for ever longer: no read, page or request was answered."""
+        started = time.perf_counter()
+        while True:
+            with self.lock:
+                target = self._wall_plant_s()
+                begin = max(self._horizon_s or 0.0, min(s.time_s for s in self.simulations))
+                if target - begin <= ADVANCE_STEP_S:
+                    self._horizon_s = None
+                    self.advance()
+                    return
+                self._horizon_s = begin + ADVANCE_STEP_S
+                self.advance()
+                if time.perf_counter() - started < ADVANCE_BUDGET_S:
+                    continue
+                behind = target - self._horizon_s
+                self._start_wall_s = self._clock() - self._horizon_s / self.speed
+                self._horizon_s = None
+                self._held_back_s += behind
+                first = not self._said_behind
+                self._said_behind = True
+            if first:
+                log.warning(
+                    "the plants cannot keep up with --speed %g on this machine: the node runs "
+                    "slower than asked (its clock held back %.3g plant s so far) and answers "
+                    "meanwhile",
+                    self.speed,
+                    self._held_back_s,
+                )
+            return
 
     def advance(self) -> None:
         """Advance every plant to now and hand out the tokens produced since last time."""
