@@ -106,7 +106,9 @@ class FakeZeusd:
         else:
             self.server = _TcpHTTPServer(("127.0.0.1", 0), Handler)
             self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:

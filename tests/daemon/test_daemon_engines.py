@@ -962,7 +962,9 @@ def test_a_redirect_names_the_url_to_configure() -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
     try:
         with pytest.raises(EngineHttpError) as raised:

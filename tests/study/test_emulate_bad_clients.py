@@ -219,7 +219,9 @@ def test_load_counts_a_stream_cut_short_as_failed(
     handler: type[BaseHTTPRequestHandler], expected: str
 ) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -249,7 +251,9 @@ def test_a_server_that_hangs_up_mid_body_is_reported_as_such() -> None:
     from gpugov.study.openai_client import request_body
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _HangsUpOnTheBody)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -293,7 +297,9 @@ def test_a_malformed_stream_event_fails_the_request(events: bytes, shown: str) -
     ended with ``[DONE]`` counted as a completed request of no tokens; it now fails."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _MalformedEvents)
     server.events = events  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"

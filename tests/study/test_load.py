@@ -349,7 +349,9 @@ def test_an_error_answer_is_reported_on_one_line(
     from gpugov.study.openai_client import request_body, stream_completion
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -401,7 +403,9 @@ def test_a_load_stopped_before_any_request_finished_says_it_was_stopped(
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NeverAnswers)
     server.release = threading.Event()  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     trace = tmp_path / "t.csv"
     trace.write_text(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
@@ -462,7 +466,9 @@ def test_the_progress_line_says_what_a_long_wait_is_on(max_concurrency: int, sai
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NeverAnswers)
     server.release = threading.Event()  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     stream = io.StringIO()
     progress = Progress(0.01, "load", unit="s", stream=stream, tty=False, log_interval_s=0.0)
     workload = [Request(0, 0.0, 100, 5), Request(1, 0.01, 100, 5)]
@@ -513,7 +519,9 @@ def test_a_model_list_that_names_no_model_is_one_clear_line(
     id was sent as the model '5'; each is now one line saying what the list lacks."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsAnswer)
     server.answer = (status, body)  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10.0,100,5\n")
     url = f"http://127.0.0.1:{server.server_address[1]}"

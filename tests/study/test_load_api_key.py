@@ -73,7 +73,9 @@ class _Server(BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     _Server.seen = []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
@@ -261,7 +263,9 @@ def test_failed_requests_are_grouped_by_status_and_error_type() -> None:
     assert len(LONG_PREFIX) >= 80
     _Refusals.count = 0
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Refusals)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
         workload = [Request(i, 0.0, 16, 2) for i in range(8)]
