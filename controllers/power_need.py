@@ -33,6 +33,13 @@ NEED_EVERY_S = 1.0
 asks for the need at most once per this many seconds of observation time (for
 publishing); a budget that can bind asks at every decision."""
 
+MEASURED_RELEASE_SHARE = 0.9
+"""With no model, :class:`BudgetGuard`'s measured-power cap rises again only while the
+domain draws under this share of the budget (a hysteresis against the cap hunting)."""
+MEASURED_RAISE_SHARE = 0.1
+"""The share of the clock range the measured-power cap rises by per decision under
+:data:`MEASURED_RELEASE_SHARE` of the budget."""
+
 Slipping = Literal["none", "ttft", "ttft+tpot"]
 
 
@@ -103,9 +110,16 @@ class BudgetGuard(ControllerWrapper):
       requests' TTFT slips; only a budget below every such clock's power lets TPOT slip
       too (the clock is then the highest that fits).
 
-    A controller that reports no need (no model, or none yet) and a tick without a budget
-    pass through unchanged. The guard never raises a clock above the inner decision
-    except over budget, to the TPOT clock or the slowest faster clock whose power fits.
+    A tick without a budget passes through unchanged. A controller that reports no need
+    (no model: ``max``, ``reactive``, the peers; ``mpc-online`` in its warm-up) is held
+    by the power the domain measured over the last period instead
+    (:meth:`_measured_cap`): above the budget, the clock is capped at the applied clock
+    scaled by budget / power (power grows at least in proportion to the clock above
+    idle, so the next period draws no more than the budget's share); under
+    :data:`MEASURED_RELEASE_SHARE` of it, the cap rises by :data:`MEASURED_RAISE_SHARE`
+    of the clock range a decision until it lapses. The guard never raises a clock above
+    the inner decision except over budget, to the TPOT clock or the slowest faster clock
+    whose power fits.
 
     With ``enforce=False`` (the budget is only the GPUs' own power limit, which their
     firmware enforces) the guard prices the need and follows the over-budget state for
@@ -133,6 +147,9 @@ class BudgetGuard(ControllerWrapper):
         """Decisions whose need the inner controller could not give (it raised): they
         pass unchanged, as with no need."""
         self._need_time_s = -math.inf
+        self.measured_cap_mhz: float | None = None
+        """With no need reported, the clock the measured power holds the budget at (None:
+        none binds)."""
 
     def __call__(self, observation: ServingObservation) -> float:
         decision = float(self.inner(observation))
@@ -143,6 +160,14 @@ class BudgetGuard(ControllerWrapper):
         self.last_need = need
         self.over_budget = False
         self.slipping = "none"
+        if need is None and budget is not None and self.enforce:
+            self.last_budget_w = float(budget)
+            cap = self._measured_cap(observation, float(budget))
+            if cap is not None and cap < decision - 1e-9:
+                self.capped_decisions += 1
+                return cap
+            return decision
+        self.measured_cap_mhz = None
         if need is None or budget is None:
             self.last_budget_w = None
             return decision
@@ -162,6 +187,30 @@ class BudgetGuard(ControllerWrapper):
         if guarded < decision - 1e-9:
             self.capped_decisions += 1
         return guarded
+
+    def _measured_cap(self, observation: ServingObservation, budget: float) -> float | None:
+        """The clock the domain's measured power (``power_w``, the last period's mean at
+        the clock applied then) holds ``budget`` at, for a controller with no model;
+        None where none binds or there is no reading."""
+        clocks = sorted(float(c) for c in observation.supported_clocks_mhz)
+        power = observation.power_w
+        applied = observation.requested_clock_mhz
+        cap = self.measured_cap_mhz
+        if not clocks or power is None or not math.isfinite(power) or power <= 0.0:
+            return cap
+        if applied is None or not math.isfinite(applied):
+            applied = clocks[-1] if cap is None else cap
+        if power > budget:
+            wanted = min(applied, clocks[-1] if cap is None else cap) * budget / power
+            index = int(np.searchsorted(clocks, wanted + 1e-9, side="right"))
+            cap = clocks[max(index - 1, 0)]
+        elif cap is not None and power <= MEASURED_RELEASE_SHARE * budget:
+            raised = cap + MEASURED_RAISE_SHARE * (clocks[-1] - clocks[0])
+            # The clock at or above it: on a coarse grid a step inside a gap still moves.
+            index = int(np.searchsorted(clocks, raised - 1e-9, side="left"))
+            cap = None if index >= len(clocks) - 1 else clocks[index]
+        self.measured_cap_mhz = cap
+        return cap
 
     def _need(self, time_s: float, budget: float | None) -> PowerNeed | None:
         """The inner controller's need now, or the last one while it is younger than

@@ -280,6 +280,63 @@ def test_budget_guard_passes_a_controller_without_a_need() -> None:
     assert not guard.over_budget and guard.last_need is None
 
 
+def test_a_controller_without_a_need_is_held_by_the_power_measured() -> None:
+    """No model (``max``, ``reactive``, the peers, ``mpc-online`` in its warm-up): the
+    power the domain drew over the last period holds the budget. Over it, the clock is
+    the applied one scaled by budget / power; well under it, the cap rises a tenth of
+    the range a decision and lapses; with no reading, nothing binds."""
+    guard = BudgetGuard(_Planned(1800.0, None))
+    clocks = {"supported_clocks_mhz": CLOCKS}
+    over = replace(_observation(300.0), power_w=450.0, requested_clock_mhz=1800.0, **clocks)
+    assert guard(over) == 1200.0  # 1800 x 300 / 450
+    assert guard.capped_decisions == 1 and guard.measured_cap_mhz == 1200.0
+    still = replace(over, power_w=320.0, requested_clock_mhz=1200.0)
+    assert guard(still) == 900.0  # 1200 x 300 / 320 = 1125: the clock under it
+    within = replace(over, power_w=280.0, requested_clock_mhz=900.0)
+    assert guard(within) == 900.0  # within the budget but above 90 % of it: held
+    under = replace(over, power_w=200.0, requested_clock_mhz=900.0)
+    assert guard(under) == 1200.0  # raised a tenth of the range, onto the clock above
+    assert guard(under) == 1500.0
+    assert guard(under) == 1800.0 and guard.measured_cap_mhz is None  # lapsed
+    # The GPUs' own limit alone (their firmware holds it): only reported.
+    reporting = BudgetGuard(_Planned(1800.0, None), enforce=False)
+    assert reporting(over) == 1800.0
+
+
+def test_max_on_the_plant_is_held_within_a_configured_budget() -> None:
+    """The maximum clock has no model to price a budget with: its clock was left to the
+    GPUs' own power limit, and a budget from the config or a file, which no firmware
+    enforces, was not held at all."""
+    plant = make_plant()
+    workload = tuple(
+        Request(
+            request_id=i,
+            arrival_time_s=i * 0.07,
+            prompt_tokens=1000 + 37 * (i % 7),
+            output_tokens=150 + 11 * (i % 5),
+        )
+        for i in range(120)
+    )
+    budget_w = 300.0
+    mean_w: dict[bool, float] = {}
+    for guarded in (False, True):
+        context = ControllerContext.for_plant(plant, workload, period_s=1.0, budget_guard=guarded)
+        chain = build_controller(parse_controller_spec("max"), context)
+
+        def budgeted(observation: ServingObservation, chain=chain) -> float:
+            return float(chain(replace(observation, power_limit_w=budget_w)))
+
+        result = simulate(
+            workload, plant, chunked_prefill_scheduler, budgeted, 0, control_period_s=1.0
+        )
+        # Mean power from a few periods in (the feedback's settling) to the end.
+        start_s, end_s = 3.0, float(result.time_s[-1])
+        energy = np.interp([start_s, end_s], result.time_s, result.energy_j)
+        mean_w[guarded] = float(energy[1] - energy[0]) / (end_s - start_s)
+    assert mean_w[False] > budget_w
+    assert mean_w[True] <= budget_w * 1.05
+
+
 def test_budget_guard_holds_a_budget_on_the_plant_and_protects_tpot_first() -> None:
     """A budget below the need, delivered in the observation (as a node delivers it;
     the plant's own firmware cap is not set): the MPC alone plans on its profile's board
