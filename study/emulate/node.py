@@ -141,7 +141,7 @@ class EngineStats:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0})
+    finished: dict[str, int] = field(default_factory=lambda: {"length": 0, "stop": 0, "abort": 0})
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
     tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))

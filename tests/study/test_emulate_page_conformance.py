@@ -119,3 +119,19 @@ def test_counters_are_typed_and_stamped_as_prometheus_client_writes_them() -> No
             assert stamped == series, (where, name)
             assert all(s.labels["model_name"] == 'org/we"ird\\model' for s in created.samples)
             assert all(s.value > 1.0e9 for s in created.samples), (where, name)
+
+
+def test_every_finish_reason_vllm_counts_has_its_series_from_the_start() -> None:
+    """vLLM V1 makes ``vllm:request_success_total`` for each of its finish reasons
+    (``stop``, ``length``, ``abort``) per engine before any request; the emulated page had
+    no ``abort`` series."""
+    for where, page in _pages().items():
+        reasons: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.name == "vllm:request_success_total":
+                    labels = sample.labels
+                    reasons.setdefault(labels["engine"], set()).add(labels["finished_reason"])
+                    if labels["finished_reason"] == "abort":
+                        assert sample.value == 0.0, where
+        assert reasons and all(r == {"stop", "length", "abort"} for r in reasons.values()), where
