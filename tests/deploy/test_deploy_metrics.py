@@ -44,7 +44,10 @@ TARGET_LABELS = frozenset(
 )
 """Labels a series gets from its scrape target (and ``cluster`` from a target or an
 external label), beside the ones the daemon exports."""
-NOT_METRICS = {"gpugov_version": "a field of the scoreboard's JSON (docs/scoreboard.md)"}
+NOT_METRICS = {
+    "gpugov_version": "a field of the scoreboard's JSON (docs/scoreboard.md)",
+    "gpugov_versions": "a field of a sweep's summary.json (docs/sweep.md)",
+}
 METRIC_TABLES = ("daemon.md", "power-budget.md", "online.md")
 NAME = re.compile(r"(?<![\w:])((?:[a-z]+:)?gpugov_[a-z0-9_]+(?::[a-z0-9_]+)?)(?![\w:])")
 SELECTOR = re.compile(NAME.pattern + r"\s*\{([^}]*)\}")
