@@ -29,7 +29,11 @@ from gpugov.plant.scheduler import SCHEDULERS
 from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
 from gpugov.study.outputs import check_replaceable, held_output_dir
-from gpugov.study.provenance import outside_specs, software_versions
+from gpugov.study.provenance import (
+    outside_controller_source,
+    outside_specs,
+    software_versions,
+)
 from gpugov.study.runners import (
     CellProgress,
     RunnerSpec,
@@ -106,6 +110,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     base = {"key": cell.key, **cell.parameters(), "settings": settings}
     if cell.controller_file_sha256:
         base["controller_file_sha256"] = list(cell.controller_file_sha256)
+    outside = bool(outside_specs([cell.controller]))
+    if outside:  # the code it ran: a --resume says when the module changed since
+        base["controller_module_sha256"] = module_sha256(cell.controller)
     try:
         window: Sequence[Request] = shared[f"trace:{cell.trace}"]
         workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
@@ -154,9 +161,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         # one that ends its process fails its cell, and its module's state does not
         # carry over to the next cell (which would follow --jobs and the cells' order).
         fields = (
-            run_isolated(simulated, f"controller {cell.controller!r}")
-            if outside_specs([cell.controller])
-            else simulated()
+            run_isolated(simulated, f"controller {cell.controller!r}") if outside else simulated()
         )
     except Exception as error:  # the cell's outermost edge: recorded, the sweep goes on
         return {
@@ -284,6 +289,30 @@ def result_versions(
     return dict(sorted(counts.items()))
 
 
+def module_sha256(spec: str) -> str | None:
+    """The sha256 of the module file an outside controller ``spec``'s factory lives in
+    (None where it has none to read)."""
+    return outside_controller_source(spec)["module_sha256"]  # type: ignore[no-any-return]
+
+
+def changed_outside_code(
+    cells: Sequence[SweepCell], by_key: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> int:
+    """How many of ``cells`` have a result computed by another version of their outside
+    controller's module than the one there now (its recorded sha256 differs; a result
+    that recorded none says nothing)."""
+    now: dict[str, str | None] = {}
+    changed = 0
+    for cell in cells:
+        row = cell_result(cell, by_key)
+        if row is None or not row.get("controller_module_sha256"):
+            continue
+        if cell.controller not in now:
+            now[cell.controller] = module_sha256(cell.controller)
+        changed += row["controller_module_sha256"] != now[cell.controller]
+    return changed
+
+
 def versions_markdown(versions: Mapping[str, int]) -> str:
     """The sentence of ``summary.md`` naming the gpugov versions its results were written
     by, where that is not this one alone (a resumed sweep's older cells); else empty."""
@@ -324,6 +353,13 @@ def _run_plan(
             line += (
                 f" ({again} of them ran before on other inputs: a trace, profile or "
                 "controller file changed, or a setting)"
+            )
+        changed = changed_outside_code(plan.cells, by_key)
+        if changed:
+            line += (
+                f" ({changed} of them ran another version of their outside controller's "
+                "module: its sha256 changed since; kept as they are, a new --out runs them "
+                "on this one)"
             )
         done = result_versions(plan.cells, by_key)
         older = {version: n for version, n in done.items() if version != __version__}
@@ -459,8 +495,10 @@ __all__ = [
     "RESULTS",
     "SUMMARY_JSON",
     "SUMMARY_MD",
+    "changed_outside_code",
     "check_outputs_not_inputs",
     "input_files",
+    "module_sha256",
     "result_versions",
     "run_cell",
     "run_sweep",

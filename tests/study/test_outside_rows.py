@@ -412,3 +412,36 @@ def test_a_sweep_keeps_its_cells_when_an_outside_controller_ends_its_process(
     assert all("ended its process (exit code 7)" in error for error in failed)
     # The grid's check and the two cells, each built on the module's first state.
     assert log.read_text().split() == ["1", "1", "1"]
+
+
+def test_a_resume_says_when_an_outside_controllers_module_changed(
+    module_on_path: Callable[[str, str], str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A sweep's outside controller is keyed by its name (its module is code, not an input
+    file), so an edited module keeps its done cells; each row records the module's sha256,
+    and a --resume after an edit says how many done cells ran the earlier code."""
+    import hashlib
+
+    source = "def make(context):\n    return lambda observation: context.supported_clocks_mhz[-1]\n"
+    name = module_on_path("study_edited_module", source)
+    module = tmp_path / f"{name}.py"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        f'controllers = ["max", "{name}:make"]\nseeds = [0, 1]\nduration_s = 10.0\n'
+    )
+    out = tmp_path / "out"
+    argv = ["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    digest = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert {r["controller_module_sha256"] for r in rows if r["controller"] != "max"} == {digest}
+    assert all("controller_module_sha256" not in r for r in rows if r["controller"] == "max")
+    assert main([*argv, "--resume"]) == 0
+    assert "another version of their outside controller" not in capsys.readouterr().err
+    module.write_text(source + "# edited\n")
+    assert main([*argv, "--resume"]) == 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "resuming:" in line]
+    assert "(2 of them ran another version of their outside controller's module" in line
