@@ -82,6 +82,15 @@ def _prompt_length(body: dict[str, Any]) -> int:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one
+        elif (
+            isinstance(prompt, list)
+            and len(prompt) > 1
+            and all(isinstance(item, str | list) for item in prompt)
+        ):
+            raise ApiError(
+                f"prompt is a batch of {len(prompt)} prompts; this server takes one "
+                "prompt per request"
+            )
         if isinstance(prompt, str):
             count = text_tokens(prompt) if prompt else 0
         elif isinstance(prompt, list):

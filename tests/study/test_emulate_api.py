@@ -96,3 +96,12 @@ def test_a_min_tokens_vllm_refuses_is_refused(min_tokens: object, refusal: str) 
     assert _refusal({"prompt": "hi", "max_tokens": 10, "min_tokens": min_tokens}, chat=False) == (
         refusal
     )
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
+def test_a_batch_of_prompts_is_refused_as_a_batch(prompt: object) -> None:
+    """A batch of two prompts was refused as 'prompt must be a list of non-negative
+    integer token ids', which it is not meant to be."""
+    assert _refusal({"prompt": prompt, "max_tokens": 2}, chat=False) == (
+        "prompt is a batch of 2 prompts; this server takes one prompt per request"
+    )
