@@ -239,8 +239,8 @@ def declared_spec(spec: ControllerConfig, forecasts: Forecasts) -> ControllerCon
 def build_controller(spec: ControllerConfig, context: ControllerContext) -> ControllerWrapper:
     """The controller ``spec`` asks for, in the safety chain, as a node runs it.
 
-    The result is ``MinimumDwell(FloorClock(ClampToSupported(algorithm)))`` (the floor
-    only when set); for ``mpc-online`` with a state directory the algorithm is wrapped in
+    The result is ``MinimumDwell(FloorClock(ThermalGuard(ClampToSupported(algorithm))))``
+    (the floor only when set); for ``mpc-online`` with a state directory the algorithm is wrapped in
     :class:`daemon.model_store.PersistentOnlineModel` first, and with
     ``context.budget_guard`` in :class:`controllers.power_need.BudgetGuard` inside the
     chain. On a node (``context.time_mode == "wall"``) an outside controller (``external``)
