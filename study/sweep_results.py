@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpugov.daemon.cli_support import UsageError
+from gpugov.daemon.controller_spec import canonical_controller_name
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import InputFileError, append_line, loads_json, read_input_bytes
 from gpugov.plant.input_files import finite_number
@@ -176,7 +177,8 @@ def summarize(
     baseline = {}
     for cell in cells:
         row = result(cell)
-        if row is not None and cell.controller == BASELINE:
+        # The maximum clock under any of its spellings (``maximum``, an older name).
+        if row is not None and canonical_controller_name(cell.controller) == BASELINE:
             baseline[(cell.trace, cell.profile, cell.load, cell.seed)] = row["metrics"]["energy_j"]
     groups: dict[tuple[str, str, float, str], list[Mapping[str, Any]]] = {}
     for cell in cells:

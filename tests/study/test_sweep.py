@@ -186,6 +186,27 @@ def test_a_resume_over_results_of_another_gpugov_says_so(full_sweep, tmp_path: P
     assert "written by gpugov" not in (out / "summary.md").read_text()
 
 
+def test_the_maximum_clock_spelled_maximum_is_the_baseline_of_the_savings(
+    tmp_path: Path,
+) -> None:
+    """``maximum`` is ``max`` (its older name, a spec simulate takes): a grid that names it
+    so gets the saving of every row against it, where every saving read '-'."""
+    grid = _grid(
+        tmp_path,
+        'traces = ["azure-conv-10min"]\nprofiles = ["h100-sxm-llama3-8b"]\n'
+        'controllers = ["maximum", "fixed:1200"]\nduration_s = 10.0\n',
+    )
+    out = tmp_path / "out"
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out), "--jobs", "1"])
+    assert code == 0, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    table = {row["controller"]: row for row in summary["table"]}
+    assert table["maximum"]["energy_saved_vs_max"] == 0.0
+    saved = 1.0 - table["fixed:1200"]["energy_j"] / table["maximum"]["energy_j"]
+    assert table["fixed:1200"]["energy_saved_vs_max"] == pytest.approx(saved)
+    assert saved > 0.0
+
+
 def test_existing_results_need_resume(full_sweep) -> None:
     grid, out, _, _ = full_sweep
     before = (out / RESULTS).read_bytes()
