@@ -479,7 +479,8 @@ def _run_command(argv: list[str], command: str) -> int:
             return done.code if isinstance(done.code, int) else EXIT_USAGE
         code = int(args.handler(args))
         _raise_a_dropped_interrupt()
-        sys.stdout.flush()  # a closed pipe raises here, inside the handler below
+        if sys.stdout is not None:  # None: started with descriptor 1 closed
+            sys.stdout.flush()  # a closed pipe raises here, inside the handler below
         return code
     except KeyboardInterrupt as stop:
         if isinstance(stop, _StoppedBeforeTheStart):

@@ -178,6 +178,15 @@ def test_closed_stdout_exits_quietly() -> None:
     assert stderr == ""
 
 
+def test_a_command_started_with_stdout_closed_runs_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started with descriptor 1 closed (``gpugov emulate ... >&-``, Python's stdout None),
+    a command ended in AttributeError on its final flush, a traceback after its work."""
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["profiles"]) == 0
+
+
 FULL = Path("/dev/full")
 
 
