@@ -461,6 +461,9 @@ class _LowMPC:
     def __call__(self, observation: ServingObservation) -> float:
         return 600.0
 
+    def remember_temperature(self, temperature_c: float | None, time_s: float) -> None:
+        """The MPC's interface: a temperature read outside its ticks (none kept here)."""
+
 
 def test_in_a_decode_only_window_the_mpc_goes_below_the_floor_down_to_the_bound() -> None:
     # Every clock from the measured-latency bound up is safe by the measurement, so the
