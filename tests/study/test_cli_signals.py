@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,17 +36,21 @@ def _start(argv: list[str]) -> subprocess.Popen[str]:
 
 
 def _wait_for(process: subprocess.Popen[str], marker: str) -> list[str]:
-    """The stderr lines up to the first that starts with ``marker``."""
+    """The stderr lines up to the first that starts with ``marker``. A process silent for
+    120 s is killed, so the blocked read returns and the test fails naming what it saw
+    (a deadline checked between reads never came while a read waited)."""
     assert process.stderr is not None
     seen = []
-    deadline = time.monotonic() + 120.0
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith(marker):
-            break
+    bound = threading.Timer(120.0, process.kill)
+    bound.daemon = True
+    bound.start()
+    try:
+        while line := process.stderr.readline():
+            seen.append(line)
+            if line.startswith(marker):
+                break
+    finally:
+        bound.cancel()
     assert seen and seen[-1].startswith(marker), seen
     return seen
 
