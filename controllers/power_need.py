@@ -113,11 +113,13 @@ class BudgetGuard(ControllerWrapper):
     A tick without a budget passes through unchanged. A controller that reports no need
     (no model: ``max``, ``reactive``, the peers; ``mpc-online`` in its warm-up) is held
     by the power the domain measured over the last period instead
-    (:meth:`_measured_cap`): above the budget, the clock is capped at the applied clock
-    scaled by budget / power (power grows at least in proportion to the clock above
-    idle, so the next period draws no more than the budget's share); under
+    (:meth:`_measured_cap`): above the budget, the clock is capped at the clock that
+    drew that power scaled by budget / power (power above idle grows at least in
+    proportion to the clock, so each step closes most of the excess, and the cap is
+    lowered again only once the clock has come down to it); under
     :data:`MEASURED_RELEASE_SHARE` of it, the cap rises by :data:`MEASURED_RAISE_SHARE`
-    of the clock range a decision until it lapses. The guard never raises a clock above
+    of the clock range a decision until it lapses; with no power reading it lapses. The
+    guard never raises a clock above
     the inner decision except over budget, to the TPOT clock or the slowest faster clock
     whose power fits.
 
@@ -163,6 +165,8 @@ class BudgetGuard(ControllerWrapper):
         if need is None and budget is not None and self.enforce:
             self.last_budget_w = float(budget)
             cap = self._measured_cap(observation, float(budget))
+            power = observation.power_w
+            self.over_budget = power is not None and math.isfinite(power) and power > budget
             if cap is not None and cap < decision - 1e-9:
                 self.capped_decisions += 1
                 return cap
@@ -197,11 +201,15 @@ class BudgetGuard(ControllerWrapper):
         applied = observation.requested_clock_mhz
         cap = self.measured_cap_mhz
         if not clocks or power is None or not math.isfinite(power) or power <= 0.0:
-            return cap
+            # No reading to hold the budget by: no cap (the GPUs' own limit still holds).
+            self.measured_cap_mhz = None
+            return None
         if applied is None or not math.isfinite(applied):
             applied = clocks[-1] if cap is None else cap
-        if power > budget:
-            wanted = min(applied, clocks[-1] if cap is None else cap) * budget / power
+        if power > budget and (cap is None or applied <= cap + 1e-9):
+            # Scaled from the clock that drew the power; a cap the chain has not brought
+            # the clock down to yet (its dwell) waits for a reading taken there.
+            wanted = applied * budget / power
             index = int(np.searchsorted(clocks, wanted + 1e-9, side="right"))
             cap = clocks[max(index - 1, 0)]
         elif cap is not None and power <= MEASURED_RELEASE_SHARE * budget:

@@ -290,6 +290,10 @@ def test_a_controller_without_a_need_is_held_by_the_power_measured() -> None:
     over = replace(_observation(300.0), power_w=450.0, requested_clock_mhz=1800.0, **clocks)
     assert guard(over) == 1200.0  # 1800 x 300 / 450
     assert guard.capped_decisions == 1 and guard.measured_cap_mhz == 1200.0
+    assert guard.over_budget
+    # The chain has not brought the clock down yet (its dwell): the power read at 1800 MHz
+    # does not lower the cap again.
+    assert guard(over) == 1200.0
     still = replace(over, power_w=320.0, requested_clock_mhz=1200.0)
     assert guard(still) == 900.0  # 1200 x 300 / 320 = 1125: the clock under it
     within = replace(over, power_w=280.0, requested_clock_mhz=900.0)
@@ -298,6 +302,10 @@ def test_a_controller_without_a_need_is_held_by_the_power_measured() -> None:
     assert guard(under) == 1200.0  # raised a tenth of the range, onto the clock above
     assert guard(under) == 1500.0
     assert guard(under) == 1800.0 and guard.measured_cap_mhz is None  # lapsed
+    assert not guard.over_budget
+    # No power reading: the cap lapses (nothing to hold the budget by).
+    assert guard(over) == 1200.0
+    assert guard(replace(over, power_w=None)) == 1800.0 and guard.measured_cap_mhz is None
     # The GPUs' own limit alone (their firmware holds it): only reported.
     reporting = BudgetGuard(_Planned(1800.0, None), enforce=False)
     assert reporting(over) == 1800.0
