@@ -4,7 +4,8 @@ The replay is open loop: the recorded observations came from the recorded contro
 clocks, so a stateful controller (MPC, reactive) sees a world its own decisions did not
 shape. The comparison is still the useful one: where, given the same information, the
 two controllers would have asked for different clocks. Both decisions go through the
-recording's safety settings (clamp, floor, dwell); fail-safe ticks are skipped.
+recording's safety settings (clamp, thermal guard, floor, dwell); fail-safe ticks are
+skipped.
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ from gpugov.daemon.record import (
     tick_domain,
 )
 from gpugov.daemon.roles import ROLES
-from gpugov.daemon.safety import DEFAULT_DWELL_S, DEFAULT_MIN_RELOCK_INTERVAL_S, SafetySettings
+from gpugov.daemon.safety import (
+    DEFAULT_DWELL_S,
+    DEFAULT_MIN_RELOCK_INTERVAL_S,
+    SafetySettings,
+    held_by_node,
+)
 from gpugov.daemon.service import CONTROLLER_HISTORY_STEPS
 from gpugov.plant.input_files import finite_number
 from gpugov.plant.types import ClockController, PowerCapping
@@ -334,6 +340,12 @@ def replay(
             domain = tick_domain(f"{path}:{number}:", row, controllers)
             if row.get("failsafe") or row.get("requested_mhz") is None:
                 report.skipped_failsafe += 1
+                # The node locked (or unlocked to) the top clock outside the chain: its
+                # dwell and relock interval count from there, as on the node.
+                time_s = finite_number(row.get("time_s"))
+                if time_s is not None:
+                    top = float(max(domains[domain]["supported_clocks_mhz"]))
+                    held_by_node(controllers[domain], top, time_s)
                 continue
             try:
                 observation = observation_from_dict(

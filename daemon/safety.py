@@ -92,6 +92,12 @@ class ClampToSupported(ControllerWrapper):
 THERMAL_BAND_C = 2.0
 """The band under a stated thermal limit in which :class:`ThermalGuard` caps the clock:
 two of NVML's whole-degree readings."""
+THERMAL_STALE_S = 10.0
+"""How long :class:`ThermalGuard` plans from its last temperature reading through ticks
+that read none."""
+THERMAL_GAP_S = 5.0
+"""A gap between two of :class:`ThermalGuard`'s calls longer than this (the fail-safe
+held the clock) restarts its count of time at the lowest clock."""
 THERMAL_GIVE_UP_S = 120.0
 """Seconds the die may stay at or above the limit with the clock at its lowest before
 :class:`ThermalGuard` calls the limit unholdable and stands down (until the die cools
@@ -120,6 +126,9 @@ class ThermalGuard(ControllerWrapper):
         """The cap of the last decision (None: none applied)."""
         self.unholdable = False
         self._lowest_since_s: float | None = None
+        self._last_call_s: float | None = None
+        self._reading: tuple[float, float] | None = None
+        """The last finite temperature and when it was read."""
 
     def __call__(self, observation: ServingObservation) -> float:
         decision = float(self.inner(observation))
@@ -133,7 +142,19 @@ class ThermalGuard(ControllerWrapper):
     def _cap(self, observation: ServingObservation) -> float | None:
         """The clock the die's temperature allows now (None: no cap)."""
         limit = observation.thermal_limit_c
+        now = observation.time_s
+        last_call, self._last_call_s = self._last_call_s, now
+        if last_call is not None and not 0.0 <= now - last_call <= THERMAL_GAP_S:
+            # Not called meanwhile (the fail-safe held the top clock): the time at the
+            # lowest clock starts again.
+            self._lowest_since_s = None
         temperature = observation.temperature_c
+        if math.isfinite(temperature):
+            self._reading = (temperature, now)
+        elif self._reading is not None and 0.0 <= now - self._reading[1] <= THERMAL_STALE_S:
+            # A tick the sensor gave no reading: the last one, a few seconds old at most,
+            # so that a flaky sensor at the limit does not lift the cap tick by tick.
+            temperature = self._reading[0]
         clocks = self.clocks_mhz
         if limit is None or not math.isfinite(limit) or not math.isfinite(temperature):
             return None
@@ -153,8 +174,8 @@ class ThermalGuard(ControllerWrapper):
         if room > 0.0 or cap > clocks[0]:
             self._lowest_since_s = None
         elif self._lowest_since_s is None:
-            self._lowest_since_s = observation.time_s
-        elif observation.time_s - self._lowest_since_s >= THERMAL_GIVE_UP_S:
+            self._lowest_since_s = now
+        elif now - self._lowest_since_s >= THERMAL_GIVE_UP_S:
             self.unholdable = True
             log.warning(
                 "thermal limit %.4g C cannot be held: the die stayed at %.4g C or above for "
@@ -268,8 +289,9 @@ def with_safety(
     *,
     period_s: float | None = None,
 ) -> MinimumDwell:
-    """The standard chain: clamp to supported, then the floor, then the dwell time and
-    the minimum relock interval, counted in whole periods of ``period_s`` when given."""
+    """The standard chain: clamp to supported, then the thermal guard, then the floor,
+    then the dwell time and the minimum relock interval, counted in whole periods of
+    ``period_s`` when given."""
     settings = settings or SafetySettings()
     controller: ClockController = ThermalGuard(ClampToSupported(inner, clocks_mhz), clocks_mhz)
     if settings.floor_mhz is not None:

@@ -336,3 +336,28 @@ def test_a_board_limit_below_the_lowest_clocks_draw_reads_as_a_capped_gpu() -> N
     assert all(r.gpu_read_errors == () for r in records)
     assert any((r.observation.clock_event_reasons or 0) & CLOCK_EVENT_SW_POWER_CAP for r in records)
     assert sim.result.metrics.power_cap_violation_s == 0.0
+
+
+def test_a_replay_holds_the_fail_safes_top_clock_for_the_dwell_as_the_node_does(
+    tmp_path: Path,
+) -> None:
+    """On a node the fail-safe locks the top clock outside the chain, and the chain holds
+    it from that lock (its dwell, its relock interval). The replay skipped the fail-safe
+    tick without telling the chain, so the next tick's lower clock came at once there:
+    a difference from the node that the controller did not make."""
+    from daemon_support import FIXTURES
+
+    lines = FIXTURES.joinpath("h200_dryrun_reactive.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines[1:]]
+    index = 10
+    rows[index]["failsafe"] = True
+    rows[index]["requested_mhz"] = 1980.0
+    path = tmp_path / "failsafe.jsonl"
+    path.write_text("\n".join([lines[0], *(json.dumps(row) for row in rows)]) + "\n")
+    report = replay(path, FixedControllerConfig(kind="fixed", clock_mhz=900))
+    replayed = {diff.step: diff.replayed_mhz for diff in report.differences}
+    after = rows[index + 1]
+    assert report.skipped_failsafe == 1
+    # Within the recording's 1 s dwell of the fail-safe's lock: the top clock held.
+    assert after["time_s"] - rows[index]["time_s"] < 1.0
+    assert replayed.get(after["step"], after["requested_mhz"]) == 1980.0

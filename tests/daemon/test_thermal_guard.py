@@ -42,7 +42,7 @@ def test_the_cap_falls_from_the_top_clock_to_the_lowest_across_the_band() -> Non
     assert guard.capped == 3
     # No limit stated, or no reading: the decision as it is.
     assert guard(_at(4.0, 95.0, limit_c=None)) == 1500.0
-    assert guard(_at(5.0, float("nan"))) == 1500.0
+    assert ThermalGuard(_top, CLOCKS)(_at(5.0, float("nan"))) == 1500.0  # never read
     # A lower decision than the cap passes unchanged.
     assert ThermalGuard(lambda o: 600.0, CLOCKS)(_at(6.0, 80.0 - THERMAL_BAND_C / 2)) == 600.0
 
@@ -62,6 +62,20 @@ def test_an_unholdable_limit_is_said_once_and_the_guard_stands_down_until_the_di
     assert guard(_at(501.0, 80.0 - THERMAL_BAND_C - 0.5)) == 1500.0
     assert not guard.unholdable  # cooled under the band: held again
     assert guard(_at(502.0, 80.0)) == 300.0
+
+
+def test_a_tick_without_a_reading_keeps_the_cap_and_a_gap_restarts_the_give_up_count() -> None:
+    """A flaky sensor at the limit: a NaN tick planned from the last reading (the cap
+    was lifted for that tick, a top-clock raise and a relock at each flicker), for a few
+    seconds at most. Time the chain was not called (the fail-safe) is no time at the
+    lowest clock: one tick at the limit, a long fail-safe, and the next tick gave up."""
+    guard = ThermalGuard(_top, CLOCKS)
+    assert guard(_at(0.0, 80.0)) == 300.0
+    assert guard(_at(1.0, float("nan"))) == 300.0  # the last reading, a second old
+    assert guard(_at(12.0, float("nan"))) == 1500.0  # ten seconds on: none to plan from
+    assert guard(_at(13.0, 80.0)) == 300.0
+    assert guard(_at(13.0 + THERMAL_GIVE_UP_S + 10.0, 80.0)) == 300.0  # after a gap
+    assert not guard.unholdable
 
 
 def test_every_controller_holds_a_stated_limit_on_the_plant() -> None:
