@@ -680,7 +680,11 @@ class GpugovConfig(FrozenModel):
                     domain["slo_target"] = {**target, "window_s": window}
             elif isinstance(domain, DomainConfig):
                 engine = _engine_with_timeout(domain.engine, timeout)
-                domain = domain.model_copy(update={"engine": engine})
+                update: dict[str, Any] = {"engine": engine}
+                built = domain.slo_target
+                if built is not None and "window_s" not in built.model_fields_set:
+                    update["slo_target"] = built.model_copy(update={"window_s": window})
+                domain = domain.model_copy(update=update)
             filled.append(domain)
         return {**data, "domains": filled}
 

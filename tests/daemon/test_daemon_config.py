@@ -721,6 +721,19 @@ def test_an_unset_lease_and_slo_window_follow_a_long_period() -> None:
             {"daemon": {"backend": "actuator", "period_s": 2.0, "actuator": {"lease_s": 3.0}}}
             | online
         )
+    # Built in code (as tests and tools do), an unset window stretches the same way.
+    from gpugov.daemon.config import DaemonSection, DomainConfig, SLOTargetConfig
+
+    built = GpugovConfig(
+        daemon=DaemonSection(period_s=55.0),
+        domains=(
+            DomainConfig(
+                name="llm", gpus=(0,), ttft_slo_s=1.0, slo_target=SLOTargetConfig(attainment=0.99)
+            ),
+        ),
+    )
+    assert built.domains[0].slo_target is not None
+    assert built.domains[0].slo_target.window_s == 660.0
     short = _domain(ttft_slo_s=1.0, slo_target={"attainment": 0.99, "window_s": 600.0})
     with pytest.raises(ConfigError, match=r"slo_target.window_s \(600 s\) must be at least"):
         parse_config({"daemon": {"period_s": 55.0}, **short})
