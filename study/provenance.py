@@ -78,6 +78,28 @@ def source_checkout() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+def _outside_module(spec: str) -> tuple[Any, str, str]:
+    """An outside controller ``spec``'s parsed config, its factory and its module's name."""
+    from gpugov.daemon.controller_config import ExternalControllerConfig
+    from gpugov.daemon.controller_spec import parse_controller_spec
+
+    config = parse_controller_spec(spec)
+    factory = config.factory if isinstance(config, ExternalControllerConfig) else spec
+    return config, factory, factory.partition(":")[0]
+
+
+def outside_module_sha256(spec: str) -> str | None:
+    """The sha256 of the module file an outside controller ``spec``'s factory lives in
+    (None where it has none to read): what :func:`outside_controller_source` records,
+    without its search of the installed packages."""
+    import importlib
+    import sys
+
+    _, _, module_name = _outside_module(spec)
+    module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    return _sha256(getattr(module, "__file__", None))
+
+
 def outside_controller_source(spec: str) -> dict[str, Any]:
     """Where an outside controller's code came from: its factory (``MODULE:FACTORY``,
     an entry point's), the module's file and sha256, and the installed package that
@@ -87,11 +109,9 @@ def outside_controller_source(spec: str) -> dict[str, Any]:
     import sys
 
     from gpugov.daemon.controller_config import ExternalControllerConfig
-    from gpugov.daemon.controller_spec import ENTRY_POINT_GROUP, parse_controller_spec
+    from gpugov.daemon.controller_spec import ENTRY_POINT_GROUP
 
-    config = parse_controller_spec(spec)
-    factory = config.factory if isinstance(config, ExternalControllerConfig) else spec
-    module_name = factory.partition(":")[0]
+    config, factory, module_name = _outside_module(spec)
     entry: dict[str, Any] = {"spec": spec, "factory": factory}
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
     path = getattr(module, "__file__", None)

@@ -30,7 +30,7 @@ from gpugov.plant.types import Request
 from gpugov.plant.workload import BUNDLED_TRACES, SHARED_TRACES, scale_load, workload_checksum
 from gpugov.study.outputs import check_replaceable, held_output_dir
 from gpugov.study.provenance import (
-    outside_controller_source,
+    outside_module_sha256,
     outside_specs,
     software_versions,
 )
@@ -111,9 +111,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     if cell.controller_file_sha256:
         base["controller_file_sha256"] = list(cell.controller_file_sha256)
     outside = bool(outside_specs([cell.controller]))
-    if outside:  # the code it ran: a --resume says when the module changed since
-        base["controller_module_sha256"] = module_sha256(cell.controller)
     try:
+        if outside:  # the code it ran: a --resume says when the module changed since
+            base["controller_module_sha256"] = module_sha256(cell.controller)
         window: Sequence[Request] = shared[f"trace:{cell.trace}"]
         workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
         plant = ServingPlant.from_profile(
@@ -292,7 +292,7 @@ def result_versions(
 def module_sha256(spec: str) -> str | None:
     """The sha256 of the module file an outside controller ``spec``'s factory lives in
     (None where it has none to read)."""
-    return outside_controller_source(spec)["module_sha256"]  # type: ignore[no-any-return]
+    return outside_module_sha256(spec)
 
 
 def changed_outside_code(
