@@ -278,6 +278,17 @@ BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THR
 """What starts a BLAS (OpenBLAS, MKL, an OpenMP build) with a number of threads."""
 
 
+NODE_COMMANDS = ("run", "actuator")
+"""The commands a node runs: their BLAS is left as the operator started it (an outside
+controller on a node may want its threads)."""
+
+
+def sets_one_blas_thread(args: Sequence[str]) -> bool:
+    """Whether the command line ``args`` (without the program) starts its BLAS with one
+    thread: every command but the node's."""
+    return bool(args) and args[0] not in NODE_COMMANDS
+
+
 def one_blas_thread() -> None:
     """Start this process's BLAS, and its children's, with one thread: called before
     numpy loads. An OpenBLAS started with more and limited to one later (the runners'
@@ -292,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; return the exit code.
 
     As the process's own command line (``argv`` None), its BLAS starts with one thread
-    (:func:`one_blas_thread`).
+    (:func:`one_blas_thread`), but for the node's commands (:data:`NODE_COMMANDS`).
 
     Ctrl-C ends any command with one line and exit code 130, SIGTERM a long offline
     command (:data:`STOPPED_BY_SIGTERM`) with one line and 143, after the same cleanup
@@ -300,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     any command with one line and exit 1, a closed one (``gpugov profiles --json | head``)
     quietly with exit 1 (the Python docs' SIGPIPE recipe).
     """
-    if argv is None:
+    if argv is None and sets_one_blas_thread(sys.argv[1:]):
         one_blas_thread()
     stream = sys.stdout
     if stream is None:  # started with stdout closed: nothing to guard

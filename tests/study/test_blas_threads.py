@@ -38,3 +38,16 @@ def test_simulate_gives_one_result_whatever_the_blas_threads(tmp_path: Path) -> 
     two = _simulate(tmp_path / "two.json", "2")
     for key in ("energy_j", "clock_changes", "slo_attainment", "ttft_p95_s"):
         assert one[key] == two[key], key
+
+
+def test_the_node_commands_leave_the_blas_as_the_operator_started_it() -> None:
+    """A study command starts its BLAS with one thread (its figures must not follow the
+    machine's cores); the node's commands do not override what the operator set (an
+    outside controller on a node may want its threads)."""
+    from gpugov.cli import sets_one_blas_thread
+
+    assert sets_one_blas_thread(["simulate", "--duration", "5"])
+    assert sets_one_blas_thread(["sweep", "--grid", "g.toml"])
+    assert not sets_one_blas_thread(["run", "--config", "/etc/gpugov/config.toml"])
+    assert not sets_one_blas_thread(["actuator"])
+    assert not sets_one_blas_thread([])
