@@ -226,6 +226,9 @@ def test_real_h200_dry_run_recording_replays() -> None:
     # Each difference is such a lowering, a period sooner; the last, the recorded fall to
     # 345 MHz, comes while the dwell of the replay's own fall a period before holds.
     assert all(diff.replayed_mhz < diff.recorded_mhz for diff in same.differences[:-1])
+    assert same.differing == 25  # each a lowering a period sooner, and the last below
+    last = same.differences[-1]
+    assert (last.recorded_mhz, last.replayed_mhz) == (345.0, 1140.0)
     assert replay(path, FixedControllerConfig(kind="fixed", clock_mhz=1980)).differing > 0
 
 
