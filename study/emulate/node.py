@@ -85,12 +85,12 @@ docs): the emulated GPU reports the share of that much plant time an iteration r
 FAULTS = ("none", "no-permission", "not-supported", "lost")
 
 REPLICA_METRICS_PATH = "/replica/{}/metrics"
+"""Engine replica ``r``'s own metrics page (``str.format`` with ``r``): what its engine
+process serves on its own port on a real node, its engine labelled ``engine="0"``."""
 ADVANCE_STEP_S = 1.0
 """The most plant seconds the advancing thread computes with the node's lock held."""
 ADVANCE_BUDGET_S = 0.2
 """Wall seconds of computing one advance may take before the node falls behind."""
-"""Engine replica ``r``'s own metrics page (``str.format`` with ``r``): what its engine
-process serves on its own port on a real node, its engine labelled ``engine="0"``."""
 
 MAX_ENERGY_RECORDS = 100_000
 """Finished requests ``GET /gpugov/energy`` keeps (the latest; bounded memory)."""
