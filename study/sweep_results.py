@@ -283,8 +283,9 @@ def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) 
 
 def invalid_decisions_markdown(table: Sequence[Mapping[str, Any]]) -> str:
     """The paragraph of ``summary.md`` that names each controller whose decisions were not
-    a clock (the chain ran the top clock instead): how many, over how many cells; empty
-    when none were. Its rows are in the table, so the reader must know they are not its
+    a clock (the chain ran the top clock instead): how many, over the cells of its rows
+    that had any (a row sums its seeds, so not every one of them need have); empty when
+    none were. Its rows are in the table, so the reader must know they are not its
     own clocks."""
     counts: dict[str, list[int]] = {}
     for row in table:
@@ -297,7 +298,10 @@ def invalid_decisions_markdown(table: Sequence[Mapping[str, Any]]) -> str:
     lines = ["Not its own clocks (the safety chain ran the top clock instead):", ""]
     lines += [
         "- "
-        + printable(f"{controller}: {count} decision(s) on {cells} cell(s) were not a clock in MHz")
+        + printable(
+            f"{controller}: {count} decision(s) over the {cells} cell(s) of its row(s) were "
+            "not a clock in MHz"
+        )
         for controller, (count, cells) in counts.items()
     ]
     return "\n".join(lines) + "\n\n"
