@@ -449,7 +449,7 @@ def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
     try:
         answer = ("ok", work())
     except BaseException as error:  # outside code: any failure is its own, said in a line
-        answer = ("error", " ".join(str(error).split()) or type(error).__name__)
+        answer = ("error", _one_line(error))
     try:
         send.send(answer)
     except BaseException as error:  # an answer that does not pickle
@@ -459,6 +459,18 @@ def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as one line for the parent, its type named unless it is gpugov's own
+    (whose message already says what failed): the parent raises it as a
+    ``ControllerError``, and an outside controller's ``ValueError`` read as one."""
+    from gpugov.daemon.errors import GpugovError
+
+    message = " ".join(str(error).split())
+    if isinstance(error, GpugovError):
+        return message or type(error).__name__
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def _die_with_parent(parent_pid: int) -> None:

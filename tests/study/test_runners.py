@@ -244,3 +244,23 @@ def test_sigterm_while_a_runtime_starts_waits_for_the_handler_then_unwinds_it() 
         Terminated.forget()
     # The handler in force before the block is back (the runtime's own, here).
     assert callable(after) and after is not before
+
+
+def _raises_value_error() -> None:
+    raise ValueError("the factory's own complaint")
+
+
+def test_an_isolated_failure_names_its_type_unless_it_is_gpugovs_own() -> None:
+    """The parent raises a child's failure as a ControllerError: an outside controller's
+    ValueError read as 'ControllerError: the factory's own complaint' in a failed cell."""
+    from gpugov.daemon.errors import ControllerError
+    from gpugov.study.runners import run_isolated
+
+    with pytest.raises(ControllerError, match=r"^ValueError: the factory's own complaint$"):
+        run_isolated(_raises_value_error, "controller 'm:f'")
+
+    def own() -> None:
+        raise ControllerError("controller 'm:f': its factory takes no context")
+
+    with pytest.raises(ControllerError, match=r"^controller 'm:f': its factory takes no"):
+        run_isolated(own, "controller 'm:f'")
