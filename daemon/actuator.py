@@ -300,6 +300,16 @@ class ClockActuator:
             written, _ = self._lock_planned(first, clock_mhz, before)
             through = all(self.locked_mhz[writer.label] == clock_mhz for writer, _ in first)
             rest = [item for item in planned if item not in first] if through else []
+            if not through:
+                # Of several failing GPUs some went through: back at the clock the others
+                # hold (they were left where they are), the group not split.
+                others = {self.locked_mhz[item[0].label] for item in planned if item not in first}
+                if len(others) == 1 and _UNKNOWN not in others:
+                    (held,) = others
+                    stuck = {
+                        w.label: held for w, _ in first if self.locked_mhz[w.label] != clock_mhz
+                    }
+                    written += self._not_split(first, stuck, clock_mhz)
         if rest:
             more, kept = self._lock_planned(rest, clock_mhz, before)
             written += more + self._not_split(planned, kept, clock_mhz)

@@ -269,6 +269,20 @@ def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
         assert actuator.apply(1410) == 4  # a raise is never held back by a failing GPU
         assert _locks(fake)[:2] == [(1410, 1410)] * 2 and fake.locked(2) is None
+        # Two failing GPUs, one of which goes through: it is locked back with the other.
+        fake.gpus[2].lock_error = None
+        actuator.apply(1410)
+        fake.gpus[1].lock_error = fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
+        actuator.apply(900)
+        assert _locks(fake) == [(1410, 1410)] * 4
+        fake.gpus[1].lock_error = None  # GPU 1 recovers, GPU 2 still fails
+        actuator.apply(900)
+        assert _locks(fake) == [(1410, 1410)] * 4
+        fake.gpus[2].lock_error = None
+        actuator.apply(900)
+        assert _locks(fake) == [(900, 900)] * 4
+        fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
+        assert actuator.apply(1410) == 4
         # From the top clock the others are reset, run up to it as GPU 2 is held there:
         # a reset, which no actuator's rate limit holds back as it would a lock.
         fake.gpus[2].lock_error = None
