@@ -292,6 +292,11 @@ class AttainmentEstimator:
         _keep_alone(self._tpot_alone, tpot, tpot_sum_s)
         if tpot_per_interval:
             judged = self._intervals.update(within, count, finished)
+            if judged is None and finished is None:
+                # No finished counter to count requests by: the TPOT counts stay as they
+                # are, None while nothing was ever judged, so a budget sees the SLO
+                # unmeasured rather than met by none.
+                return
             within, count = judged if judged is not None else (0.0, 0.0)
         self.tpot_within = (self.tpot_within or 0.0) + within
         self.tpot_count = (self.tpot_count or 0.0) + count

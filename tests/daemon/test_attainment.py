@@ -478,3 +478,16 @@ def test_a_replys_intervals_are_judged_when_it_finishes() -> None:
     assert intervals.update(0.0, 0.0, 1.0) is None  # a one-token reply: no TPOT
     assert intervals.update(10.0, 10.0, None) is None  # finished unknown: carry restarts
     assert intervals.update(0.0, 10.0, 1.0) == (0.0, 1.0)
+
+
+def test_an_inter_token_histogram_without_a_finished_counter_leaves_tpot_unmeasured() -> None:
+    """Intervals are judged as requests by the finished counter's difference; an engine
+    without that counter judges none, and its TPOT counts stay None (unmeasured), as a
+    budget must see them: at 0.0 they read as measured with nothing judged, and the
+    budget loosened on the TTFT slack alone."""
+    estimator = AttainmentEstimator(None, 0.05)
+    buckets = ((0.05, 90.0), (0.1, 100.0), (math.inf, 100.0))
+    estimator.add_window(None, buckets, None, tpot_per_interval=True, finished=None)
+    assert estimator.tpot_count is None and estimator.tpot_within is None
+    estimator.add_window(None, buckets, None, tpot_per_interval=True, finished=4.0)
+    assert estimator.tpot_count == 4.0 and estimator.tpot_within == pytest.approx(3.6)
