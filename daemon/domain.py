@@ -36,6 +36,7 @@ from gpugov.daemon.power_limit import PowerLimitActuator
 from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
+    ThermalGuard,
     held_by_node,
     invalid_decisions,
     raw_decision,
@@ -510,7 +511,16 @@ class Domain:
             energy=self.energy.snapshot(),
             power_budget=None if self.budget is None else self.budget.status(),
             lowest_mhz=self.lowest_clock_mhz(),
+            **self._thermal_guard_status(),
         )
+
+    def _thermal_guard_status(self) -> dict[str, Any]:
+        """The chain's thermal guard's cap and count for the snapshot (none without one:
+        an outside controller's chain)."""
+        for layer in layers(self.controller):
+            if isinstance(layer, ThermalGuard):
+                return {"thermal_cap_mhz": layer.cap_mhz, "thermal_capped_total": layer.capped}
+        return {}
 
     def lowest_clock_mhz(self) -> float | None:
         """The lowest clock the safety chain lets a lock hold: the floor

@@ -110,6 +110,11 @@ class DomainSnapshot:
     lowest_mhz: float | None = None
     """The lowest clock a lock of the domain may hold (its lowest supported clock at or
     above ``safety.floor_mhz``: where an idle GPU parks), None when unknown."""
+    thermal_cap_mhz: float | None = None
+    """The clock the safety chain's thermal guard capped the last decision at (None:
+    none applied: the die under the band, or no limit stated)."""
+    thermal_capped_total: int | None = None
+    """Decisions the thermal guard lowered (None: no guard in the chain)."""
     clock_locked: bool = False
     """Whether gpugov holds (or, after a write that failed half way, may hold) a clock
     lock on a GPU of the domain (``ClockActuator.holds_lock``): also when the GPUs hold
@@ -283,6 +288,17 @@ class SnapshotCollector(Collector):
             "Lowest SM clock a lock of the domain may hold (supported, at or above the floor)",
             d,
         )
+        thermal_cap = _gauge(
+            "gpugov_thermal_cap_hertz",
+            "Clock the thermal guard capped the last decision at, near the stated thermal "
+            "limit (absent: no cap)",
+            d,
+        )
+        thermal_capped = CounterMetricFamily(
+            "gpugov_thermal_capped_decisions",
+            "Decisions the safety chain's thermal guard lowered to hold the thermal limit",
+            labels=list(d),
+        )
         cap = _gauge(
             "gpugov_power_cap_applied_watts",
             "Power limit gpugov set on the domain's GPUs, summed (absent: their own limits)",
@@ -353,6 +369,10 @@ class SnapshotCollector(Collector):
             locked.add_metric(key, 1.0 if s.clock_locked else 0.0)
             if s.lowest_mhz is not None:
                 lowest.add_metric(key, s.lowest_mhz * MHZ)
+            if s.thermal_cap_mhz is not None:
+                thermal_cap.add_metric(key, s.thermal_cap_mhz * MHZ)
+            if s.thermal_capped_total is not None:
+                thermal_capped.add_metric(key, float(s.thermal_capped_total))
             if s.power_cap_applied_w is not None:
                 cap.add_metric(key, s.power_cap_applied_w)
             writes.add_metric(key, float(s.clock_writes_total))
@@ -383,6 +403,7 @@ class SnapshotCollector(Collector):
                     if value is not None:
                         family.add_metric(key, float(value))
         yield from (requested, applied, locked, lowest, cap, writes, decisions, solve, fallbacks)
+        yield from (thermal_cap, thermal_capped)
         yield from (scrape_errors, scrape_time, age, failsafe, waiting, running)
         yield from (ttft, tpot, ttft_slo, tpot_slo, domain_power)
         yield from (output_tokens, prompt_tokens, completed, role)

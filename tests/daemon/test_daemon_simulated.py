@@ -364,3 +364,19 @@ def test_a_replay_holds_the_fail_safes_top_clock_for_the_dwell_as_the_node_does(
     # Within the recording's 1 s dwell of the fail-safe's lock: the top clock held.
     assert after["time_s"] - rows[index]["time_s"] < 1.0
     assert replayed.get(after["step"], after["requested_mhz"]) == 1980.0
+
+
+def test_the_node_exports_what_the_thermal_guard_held() -> None:
+    """A simulated node whose die reaches its thermal limit at the top clock: the chain's
+    guard caps the clock, and the snapshot the exporter reads says at what and how often
+    (gpugov_thermal_cap_hertz, gpugov_thermal_capped_decisions_total)."""
+    workload, _ = load_trace("azure-conv-10min", duration_s=60, load_scale=3.0)
+    profile = load_profile("h100-sxm-llama3-8b")
+    # Well under what the top clock's load reaches here from a 30 C inlet.
+    plant = ServingPlant.from_profile(profile, thermal_limit_c=50.0)
+    clock = VirtualClock()
+    sim = simulated_run(workload, plant, FixedControllerConfig(kind="fixed", clock_mhz=1980), clock)
+    _run_to_the_end(sim, clock)
+    snapshot = sim.domain.snapshot()
+    assert snapshot.thermal_capped_total is not None and snapshot.thermal_capped_total > 0
+    assert sim.result is not None and sim.result.metrics.peak_temperature_c <= 50.0 + 0.5

@@ -158,6 +158,8 @@ def full_snapshot() -> DomainSnapshot:
         power_budget=budget,
         energy=energy,
         lowest_mhz=345.0,
+        thermal_cap_mhz=900.0,
+        thermal_capped_total=3,
     )
 
 
