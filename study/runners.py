@@ -376,12 +376,7 @@ def _set_worker_shared(shared: Mapping[str, Any], parent_pid: int) -> None:
     with its parent however the parent ends (:func:`_die_with_parent`)."""
     global _WORKER_SHARED
     _WORKER_SHARED = shared
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        # Forked with both blocked (:func:`_submit_all`); handled now, so unblock them.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
-    _die_with_parent(parent_pid)
+    _child_of(parent_pid)
     try:
         single_threaded()  # stays in force for the worker's life
     except Exception as error:  # the pool would log a traceback per worker
@@ -440,11 +435,7 @@ def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
     exits at once (no cleanup of the parent's that it inherited runs twice)."""
     global _ISOLATED_FROM
     _ISOLATED_FROM = parent
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
-    _die_with_parent(parent)
+    _child_of(parent)
     answer: tuple[str, Any]
     try:
         answer = ("ok", work())
@@ -471,6 +462,17 @@ def _one_line(error: BaseException) -> str:
     if isinstance(error, GpugovError):
         return message or type(error).__name__
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _child_of(parent_pid: int) -> None:
+    """A forked worker's signals: Ctrl-C ignored (the parent alone handles it and ends its
+    workers), SIGTERM back to its default, both unblocked (forked with them blocked,
+    :func:`_submit_all`), and the worker ends with its parent (:func:`_die_with_parent`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _POOL_SIGNALS)
+    _die_with_parent(parent_pid)
 
 
 def _die_with_parent(parent_pid: int) -> None:
