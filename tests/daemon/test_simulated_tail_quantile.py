@@ -21,7 +21,7 @@ TARGET = SLOTarget(attainment=0.9)
 
 
 def test_simulate_sees_the_prompt_tail_at_the_target_s_quantile_as_a_node_does() -> None:
-    workload, _ = load_trace("azure-code", duration_s=120)
+    workload, _ = load_trace("azure-conv-10min", duration_s=120)  # bundled: no shared traces
     plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
     spec = MaxControllerConfig(kind="max")
     seen: list[ServingObservation] = []
