@@ -908,7 +908,7 @@ def test_a_power_limit_a_killed_run_left_on_a_gpu_no_longer_configured_is_restor
     from gpugov.daemon.lockstate import LockState
 
     state_dir = tmp_path / "state"
-    killed = LockState(state_dir, pid=1)
+    killed = LockState(state_dir, pid=1, write_deadline_s=60.0)  # on disk, however loaded
     for index in (0, 1):
         killed.record_power_limit(fake.gpus[index].uuid, str(index), 700_000, 300_000)
         fake.gpus[index].power_limit_mw = 300_000
@@ -1042,7 +1042,7 @@ def test_a_restart_with_the_killed_runs_pid_undoes_what_it_left(
     from gpugov.daemon.nvml import NvmlBackend
 
     state_dir = tmp_path / "state"
-    killed = LockState(state_dir, pid=os.getpid())
+    killed = LockState(state_dir, pid=os.getpid(), write_deadline_s=60.0)  # on disk
     ClockActuator([NvmlBackend(0, nvml=fake)], state=killed, lock_mode="cap").apply(900)
     ClockActuator([NvmlBackend(1, nvml=fake)], state=killed).apply(1410)
     for index in (0, 1):

@@ -447,7 +447,7 @@ def test_a_record_older_than_the_gpugov_now_running_under_its_pid_is_a_leftover(
         [sys.executable, "-c", "import time; time.sleep(60)", "gpugov-actuator-stand-in"]
     )
     try:
-        killed = LockState(tmp_path, pid=other.pid)
+        killed = LockState(tmp_path, pid=other.pid, write_deadline_s=60.0)
         ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
         PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
         data = json.loads((tmp_path / "locks.json").read_text())
@@ -679,7 +679,7 @@ def test_a_lock_record_with_numbers_too_large_for_a_machine_is_read_not_raised(
     from gpugov.daemon.status_cli import _held_line, held_by_gpugov
 
     fake = FakeNvml(1)
-    killed = LockState(tmp_path, pid=1)
+    killed = LockState(tmp_path, pid=1, write_deadline_s=60.0)
     ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
     PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
     path = tmp_path / "locks.json"
@@ -715,7 +715,7 @@ def test_a_lock_record_whose_pid_is_no_pid_names_its_writer_unknown(
     from gpugov.daemon.status_cli import _held_line, held_by_gpugov
 
     fake = FakeNvml(1)
-    killed = LockState(tmp_path, pid=1)
+    killed = LockState(tmp_path, pid=1, write_deadline_s=60.0)
     ClockActuator([NvmlBackend(0, nvml=fake)], state=killed).apply(900)
     PowerLimitActuator([NvmlBackend(0, nvml=fake)], domain="d", state=killed).apply(300.0)
     path = tmp_path / "locks.json"

@@ -23,6 +23,7 @@ from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.online.controller import OnlineMPCController
 from gpugov.controllers.online.identification import OnlineModel
 from gpugov.daemon import stored_model, stored_slo_window
+from gpugov.daemon.deadline import WRITE_DEADLINE_S
 from gpugov.daemon.files import resolve_state_dir
 from gpugov.daemon.model_store import PersistentOnlineModel, set_aside
 from gpugov.daemon.stored_model import StoredModelError, model_path, read_stored
@@ -51,8 +52,16 @@ def _learn(
     gpus: tuple[str, ...] = GPUS,
     name: str = "llama",
     gpu_names: tuple[str, ...] = (),
+    write_deadline_s: float = WRITE_DEADLINE_S,
 ) -> PersistentOnlineModel:
-    wrapper = PersistentOnlineModel(_controller(), directory, "llm", gpus, gpu_names=gpu_names)
+    wrapper = PersistentOnlineModel(
+        _controller(),
+        directory,
+        "llm",
+        gpus,
+        gpu_names=gpu_names,
+        write_deadline_s=write_deadline_s,
+    )
     simulate(
         poisson_requests(60.0), make_plant(), chunked_prefill_scheduler, Named(wrapper, name), 0
     )
@@ -552,7 +561,8 @@ def test_damaged_stored_gpu_names_are_one_line_and_the_model_stays(
     assert "gpu" not in manifest and manifest["gpu_uuids"] == list(GPUS)
     assert len(err) == 1 and field in err[0] and "no 'gpu'" in err[0]
     with caplog.at_level("INFO", logger="gpugov"):
-        again = _learn(tmp_path, gpu_names=(H100, H100))
+        # Its save waited for whatever the machine's load (no hung-disk line beside it).
+        again = _learn(tmp_path, gpu_names=(H100, H100), write_deadline_s=60.0)
     assert again.restored
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and field in warnings[0] and "restored" in warnings[0]
