@@ -400,16 +400,14 @@ def test_one_gpu_named_by_index_and_by_uuid_in_two_domains_is_refused(
     assert [w for w in fake.writes if w[0] == LOCK] == []
 
 
-def test_the_fail_safe_top_clock_is_held_for_the_dwell_and_no_relock_comes_sooner(
-    vllm_server: MetricsServer,
-) -> None:
-    """At a 0.05 s period the engine misses scrapes for a moment: the fail-safe locks the
-    top clock, and the controller's lower clock waits out the dwell after it, so no two
-    clock changes come within the relock interval (the next decision relocked at once)."""
+def _fail_safe_at_a_short_period(vllm_server: MetricsServer, failsafe: str) -> list[TickRecord]:
+    """20 ticks at a 0.05 s period of a fixed 1410 MHz domain (dwell 0.5 s, relock 0.1 s)
+    whose engine misses the scrapes of steps 1 and 2: its fail-safe (``failsafe``) acts."""
     fake = FakeNvml(2)
     section = {
         "name": "llm",
         "gpus": [0, 1],
+        "failsafe": failsafe,
         "stale_after_s": 0.08,
         "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.025},
         "controller": {"kind": "fixed", "clock_mhz": 1410},
@@ -425,6 +423,16 @@ def test_the_fail_safe_top_clock_is_held_for_the_dwell_and_no_relock_comes_soone
     loop = TimedLoop(0.05, clock=clock, sleep=clock.sleep)
     records, _ = run_ticks(assembled.domains, 20, on_step=on_step, loop=loop)
     assembled.close()
+    return records
+
+
+def test_the_fail_safe_top_clock_is_held_for_the_dwell_and_no_relock_comes_sooner(
+    vllm_server: MetricsServer,
+) -> None:
+    """At a 0.05 s period the engine misses scrapes for a moment: the fail-safe locks the
+    top clock, and the controller's lower clock waits out the dwell after it, so no two
+    clock changes come within the relock interval (the next decision relocked at once)."""
+    records = _fail_safe_at_a_short_period(vllm_server, "max")
     applied = [(r.time_s, r.applied_mhz) for r in records]
     assert [r.failsafe for r in records].count(True) >= 1
     changes = [t for (t, mhz), (_, was) in zip(applied[1:], applied, strict=False) if mhz != was]
@@ -439,26 +447,7 @@ def test_after_the_unlock_fail_safe_the_clock_is_not_lowered_within_the_dwell(
     """The unlock fail-safe runs the GPUs up to their top clock: once the controller decides
     again the chain holds the top clock for its dwell (a lock at it), where it locked the
     controller's lower clock 50 ms after the reset at a 0.05 s period."""
-    fake = FakeNvml(2)
-    section = {
-        "name": "llm",
-        "gpus": [0, 1],
-        "failsafe": "unlock",
-        "stale_after_s": 0.08,
-        "engine": {"kind": "vllm", "url": vllm_server.url, "timeout_s": 0.025},
-        "controller": {"kind": "fixed", "clock_mhz": 1410},
-        "safety": {"dwell_s": 0.5, "min_relock_interval_s": 0.1},
-    }
-    config = parse_config({"daemon": {"period_s": 0.05}, "domains": [section]})
-    assembled = domains_from_config(config, nvml=fake)
-
-    def on_step(step: int, records: list[TickRecord]) -> None:
-        vllm_server.down = step in (1, 2)
-
-    clock = VirtualClock()
-    loop = TimedLoop(0.05, clock=clock, sleep=clock.sleep)
-    records, _ = run_ticks(assembled.domains, 20, on_step=on_step, loop=loop)
-    assembled.close()
+    records = _fail_safe_at_a_short_period(vllm_server, "unlock")
     unlocked = [r.time_s for r in records if r.failsafe]
     lowered = [r.time_s for r in records if not r.failsafe and r.requested_mhz == 1410.0]
     back = [t for t in lowered if t > unlocked[-1]]
