@@ -311,12 +311,10 @@ def test_a_controller_without_a_need_is_held_by_the_power_measured() -> None:
     assert reporting(over) == 1800.0
 
 
-def test_max_on_the_plant_is_held_within_a_configured_budget() -> None:
-    """The maximum clock has no model to price a budget with: its clock was left to the
-    GPUs' own power limit, and a budget from the config or a file, which no firmware
-    enforces, was not held at all."""
-    plant = make_plant()
-    workload = tuple(
+def _busy_workload() -> tuple[Request, ...]:
+    """120 requests 70 ms apart, prompts of 1,000-1,222 tokens: a load whose power is over
+    a 300 W budget at the test plant's top clock."""
+    return tuple(
         Request(
             request_id=i,
             arrival_time_s=i * 0.07,
@@ -325,6 +323,14 @@ def test_max_on_the_plant_is_held_within_a_configured_budget() -> None:
         )
         for i in range(120)
     )
+
+
+def test_max_on_the_plant_is_held_within_a_configured_budget() -> None:
+    """The maximum clock has no model to price a budget with: its clock was left to the
+    GPUs' own power limit, and a budget from the config or a file, which no firmware
+    enforces, was not held at all."""
+    plant = make_plant()
+    workload = _busy_workload()
     budget_w = 300.0
     mean_w: dict[bool, float] = {}
     for guarded in (False, True):
@@ -351,15 +357,7 @@ def test_budget_guard_holds_a_budget_on_the_plant_and_protects_tpot_first() -> N
     limit and overspends; in the guard the plant's mean power stays within the budget,
     TPOT holds and TTFT slips. A budget step takes effect at the next decision."""
     plant = make_plant()
-    workload = tuple(
-        Request(
-            request_id=i,
-            arrival_time_s=i * 0.07,
-            prompt_tokens=1000 + 37 * (i % 7),
-            output_tokens=150 + 11 * (i % 5),
-        )
-        for i in range(120)
-    )
+    workload = _busy_workload()
     step_s, budget_w = 5.0, 300.0
     results = {}
     after_step_w: dict[bool, float] = {}
