@@ -6,23 +6,10 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.parse
-from collections.abc import Iterator
 
 import pytest
-from synthetic import make_plant
 
-from gpugov.study.emulate.node import EmulatedNode
 from gpugov.study.emulate.server import EmulatorServer
-
-
-@pytest.fixture
-def emulator() -> Iterator[EmulatorServer]:
-    server = EmulatorServer(EmulatedNode(make_plant()), "127.0.0.1", 0)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def _call(url: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
