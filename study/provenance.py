@@ -78,26 +78,26 @@ def source_checkout() -> dict[str, Any] | None:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
-def _outside_module(spec: str) -> tuple[Any, str, str]:
-    """An outside controller ``spec``'s parsed config, its factory and its module's name."""
+def _outside_module(spec: str) -> tuple[Any, str, Any]:
+    """An outside controller ``spec``'s parsed config, its factory and its module
+    (imported where it is not yet)."""
+    import importlib
+    import sys
+
     from gpugov.daemon.controller_config import ExternalControllerConfig
     from gpugov.daemon.controller_spec import parse_controller_spec
 
     config = parse_controller_spec(spec)
     factory = config.factory if isinstance(config, ExternalControllerConfig) else spec
-    return config, factory, factory.partition(":")[0]
+    name = factory.partition(":")[0]
+    return config, factory, sys.modules.get(name) or importlib.import_module(name)
 
 
 def outside_module_sha256(spec: str) -> str | None:
     """The sha256 of the module file an outside controller ``spec``'s factory lives in
     (None where it has none to read): what :func:`outside_controller_source` records,
     without its search of the installed packages."""
-    import importlib
-    import sys
-
-    _, _, module_name = _outside_module(spec)
-    module = sys.modules.get(module_name) or importlib.import_module(module_name)
-    return _sha256(getattr(module, "__file__", None))
+    return _sha256(getattr(_outside_module(spec)[2], "__file__", None))
 
 
 def outside_controller_source(spec: str) -> dict[str, Any]:
@@ -105,19 +105,15 @@ def outside_controller_source(spec: str) -> dict[str, Any]:
     an entry point's), the module's file and sha256, and the installed package that
     provides the module with its version (None where no package does: a module on
     ``PYTHONPATH``)."""
-    import importlib
-    import sys
-
     from gpugov.daemon.controller_config import ExternalControllerConfig
     from gpugov.daemon.controller_spec import ENTRY_POINT_GROUP
 
-    config, factory, module_name = _outside_module(spec)
+    config, factory, module = _outside_module(spec)
     entry: dict[str, Any] = {"spec": spec, "factory": factory}
-    module = sys.modules.get(module_name) or importlib.import_module(module_name)
     path = getattr(module, "__file__", None)
     entry["module_file"] = path
     entry["module_sha256"] = _sha256(path)
-    top = module_name.partition(".")[0]
+    top = factory.partition(":")[0].partition(".")[0]
     packages = sorted(metadata.packages_distributions().get(top, ()))
     if isinstance(config, ExternalControllerConfig) and config.name:
         # An entry point's name: the package that registers it.

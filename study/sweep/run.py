@@ -113,7 +113,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
     outside = bool(outside_specs([cell.controller]))
     try:
         if outside:  # the code it ran: a --resume says when the module changed since
-            base["controller_module_sha256"] = module_sha256(cell.controller)
+            base["controller_module_sha256"] = outside_module_sha256(cell.controller)
         window: Sequence[Request] = shared[f"trace:{cell.trace}"]
         workload = scale_load(window, cell.load) if cell.load != 1.0 else tuple(window)
         plant = ServingPlant.from_profile(
@@ -289,12 +289,6 @@ def result_versions(
     return dict(sorted(counts.items()))
 
 
-def module_sha256(spec: str) -> str | None:
-    """The sha256 of the module file an outside controller ``spec``'s factory lives in
-    (None where it has none to read)."""
-    return outside_module_sha256(spec)
-
-
 def changed_outside_code(
     cells: Sequence[SweepCell], by_key: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> int:
@@ -308,7 +302,7 @@ def changed_outside_code(
         if row is None or not row.get("controller_module_sha256"):
             continue
         if cell.controller not in now:
-            now[cell.controller] = module_sha256(cell.controller)
+            now[cell.controller] = outside_module_sha256(cell.controller)
         changed += row["controller_module_sha256"] != now[cell.controller]
     return changed
 
@@ -498,7 +492,6 @@ __all__ = [
     "changed_outside_code",
     "check_outputs_not_inputs",
     "input_files",
-    "module_sha256",
     "result_versions",
     "run_cell",
     "run_sweep",
