@@ -54,6 +54,7 @@ from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError
 from gpugov.daemon.errors import Terminated, printable
 from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
+from gpugov.daemon.stop_signals import signal_name
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -413,8 +414,8 @@ def run_isolated(work: Callable[[], T], who: str) -> T:
             child.join()
             code = child.exitcode
             how = (
-                f"signal {signal.Signals(-code).name}"
-                if code is not None and code < 0 and -code in signal.Signals._value2member_map_
+                f"signal {signal_name(-code)}"
+                if code is not None and code < 0
                 else f"exit code {code}"
             )
             raise ControllerError(f"{who} ended its process ({how}) before it answered") from None
