@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpugov.controllers.contract import (
-    Closable,
     Learner,
     ReportsFallbacks,
     controller_label,
@@ -24,6 +23,7 @@ from gpugov.controllers.contract import (
 )
 from gpugov.daemon.actuator import ClockActuator, ReconcilePolicy
 from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout, LatestReader, ReadTimeout
+from gpugov.daemon.decide import close_controller
 from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ControllerFailure
@@ -585,15 +585,6 @@ class Domain:
 
     def close_controller(self) -> None:
         """Let the controller release or persist what it holds (``mpc-online`` saves its
-        model); logs a failure and never raises."""
-        # The outermost closable layer: a ControllerWrapper closes the layers inside it.
-        closable = next(
-            (layer for layer in layers(self.controller) if isinstance(layer, Closable)),
-            None,
-        )
-        if closable is None:
-            return
-        try:
-            closable.close()
-        except Exception as error:  # one controller's close never blocks another's
-            log.warning("domain %s: closing the controller failed: %r", self.name, error)
+        model); logs a failure and never raises (one controller's close never blocks
+        another's)."""
+        close_controller(self.controller, f"domain {self.name}")
