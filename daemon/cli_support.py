@@ -623,9 +623,9 @@ def check_slo_target_period(
     window (:data:`SLO_TARGET_WINDOW_S`) spans fewer control periods than a config
     allows (``slo_target.window_s`` at least 12 x ``daemon.period_s``), so that a study
     runs no target a node would refuse."""
-    from gpugov.daemon.config import SLO_WINDOW_PERIODS
+    from gpugov.daemon.config import SLO_WINDOW_PERIODS, short_of
 
-    if attainment is None or SLO_WINDOW_PERIODS * period_s - 1e-9 <= SLO_TARGET_WINDOW_S:
+    if attainment is None or not short_of(SLO_TARGET_WINDOW_S, SLO_WINDOW_PERIODS * period_s):
         return
     raise UsageError(
         f"{flags}: an SLO target counts the requests over {SLO_TARGET_WINDOW_S:g} s, which "

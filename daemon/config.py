@@ -166,7 +166,7 @@ def parse_address(value: str) -> tuple[str, int]:
     return bare or "127.0.0.1", int(port)
 
 
-def _short_of(value: float, bound: float) -> bool:
+def short_of(value: float, bound: float) -> bool:
     """Whether ``value`` is below ``bound``, a multiple of the period, by more than the
     multiplication's rounding: 3 x 0.1 s is 0.30000000000000004, and a lease of 0.3 s
     was refused as shorter than the 0.3 s it names."""
@@ -556,7 +556,7 @@ class DaemonSection(FrozenModel):
     def _write_path_fits_the_period(self) -> DaemonSection:
         if self.backend == "zeusd" and self.zeusd is None:
             raise ValueError('backend = "zeusd" needs a [daemon.zeusd] table with socket or url')
-        if self.backend == "actuator" and _short_of(self.actuator.lease_s, 3 * self.period_s):
+        if self.backend == "actuator" and short_of(self.actuator.lease_s, 3 * self.period_s):
             raise ValueError(
                 f"actuator.lease_s ({self.actuator.lease_s:g} s) must be at least 3 x "
                 f"period_s ({3 * self.period_s:g} s): the lease is renewed once a tick"
@@ -775,7 +775,7 @@ class GpugovConfig(FrozenModel):
                     f"loop; leave it unset for {default_engine_timeout_s(period):g} s"
                 )
             target = domain.slo_target
-            if target is not None and _short_of(target.window_s, SLO_WINDOW_PERIODS * period):
+            if target is not None and short_of(target.window_s, SLO_WINDOW_PERIODS * period):
                 raise ValueError(
                     f"domains[{index}].slo_target.window_s ({target.window_s:g} s) must be at "
                     f"least {SLO_WINDOW_PERIODS:g} x daemon.period_s "
@@ -797,7 +797,7 @@ class GpugovConfig(FrozenModel):
                     "past a tick; leave it unset for the period"
                 )
             stale = domain.stale_after_s
-            if stale is not None and _short_of(stale, MIN_STALE_PERIODS * period):
+            if stale is not None and short_of(stale, MIN_STALE_PERIODS * period):
                 raise ValueError(
                     f"domains[{index}].stale_after_s ({stale:g} s) must be at least "
                     f"{MIN_STALE_PERIODS:g} x daemon.period_s ({MIN_STALE_PERIODS * period:g} s): "
