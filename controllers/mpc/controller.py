@@ -430,18 +430,15 @@ class MPCController:
         the die under the stated one, and planning to it would lock the lowest clock)."""
         plant = self.plant
         limit = observation.thermal_limit_c
-        if (
-            limit is None
-            or not math.isfinite(limit)
-            or limit == plant.thermal_limit_c
-            or limit
-            <= plant.ambient_temperature_c
-            + plant.thermal_resistance_c_per_w * float(np.min(plant.profile.idle_power_w))
-        ):
+        if limit is None or not math.isfinite(limit) or limit == plant.thermal_limit_c:
             return plant
         kept = self._stated_plant
         if kept is not None and kept[0] is plant and kept[1].thermal_limit_c == limit:
-            return kept[1]
+            return kept[1]  # checked against the idle temperature when it was made
+        if limit <= plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * float(
+            np.min(plant.profile.idle_power_w)
+        ):
+            return plant
         stated = plant.with_overrides(thermal_limit_c=float(limit))
         self._stated_plant = (plant, stated)
         return stated
