@@ -283,7 +283,10 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     workload: Sequence[Request] = shared["workload"]
     plants: Mapping[str, ServingPlant] = shared["plants"]
     safety = SafetySettings(dwell_s=config.dwell_s)
-    forecasts = Forecasts.from_workload(workload)  # once: every node declares the same
+    # Once: every node declares the same forecasts, target and view.
+    forecasts = Forecasts.from_workload(workload)
+    target = slo_target_of(config.slo_target)
+    view = observation_view(config.engine_view, target)
     nodes = [
         FleetNode(
             f"node{i}",
@@ -294,8 +297,8 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             floor_w=config.floor_fraction * plants[name].power_limit_w,
             safety=safety,
             seed=config.seed + i,
-            view=observation_view(config.engine_view, slo_target_of(config.slo_target)),
-            slo_target=slo_target_of(config.slo_target),
+            view=view,
+            slo_target=target,
             forecasts=forecasts,
         )
         for i, name in enumerate(config.node_profiles())
