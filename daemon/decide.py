@@ -199,7 +199,7 @@ class ControllerContext:
         of them: a pool of data-parallel engines is one domain on a node), the SLOs its
         profile states (as a simulated node's config states them), forecasts declared
         from the workload, the plant itself for an ``mpc``; virtual time by default."""
-        from gpugov.daemon.profile_identity import profile_gpu_uuid
+        from gpugov.daemon.profile_identity import profile_gpu_uuids
 
         profile = plant.profile
         gpus = plant.tensor_parallel * max(1, replicas)
@@ -207,16 +207,17 @@ class ControllerContext:
             "period_s": period_s,
             "supported_clocks_mhz": tuple(float(c) for c in profile.clock_mhz),
             "gpu_names": (str(profile.manifest.get("gpu") or ""),) * gpus,
-            "gpu_uuids": tuple(profile_gpu_uuid(profile, i) for i in range(gpus)),
+            "gpu_uuids": profile_gpu_uuids(profile, gpus),
             "gpu_count": gpus,
             "ttft_slo_s": profile.ttft_slo_s,
             "tpot_slo_s": profile.tpot_slo_s,
             "thermal_limit_c": plant.thermal_limit_c,
-            "forecasts": Forecasts.from_workload(workload),
             "time_mode": time_mode,
             "safety": safety or SafetySettings(),
             "plant": plant,
         }
+        if "forecasts" not in more:  # given (a fleet's nodes share one): not built again
+            values["forecasts"] = Forecasts.from_workload(workload)
         return cls(**{**values, **more})
 
 

@@ -47,8 +47,19 @@ def profile_gpu_uuid(profile: PerformanceProfile, gpu: int) -> str:
     """The NVML UUID (``GPU-`` and a UUID's 36 characters) of GPU ``gpu`` of a node of
     ``profile``: a ``uuid5`` of the profile's name, its content (:func:`profile_digest`)
     and the index."""
-    key = f"{profile.name}\n{profile_digest(profile)}\n{gpu}"
+    return _gpu_uuid(profile.name, profile_digest(profile), gpu)
+
+
+def profile_gpu_uuids(profile: PerformanceProfile, count: int) -> tuple[str, ...]:
+    """:func:`profile_gpu_uuid` of GPUs ``0 .. count - 1``, the profile's digest taken
+    once (a sha256 over its tables where it was not read from files)."""
+    digest = profile_digest(profile)
+    return tuple(_gpu_uuid(profile.name, digest, gpu) for gpu in range(count))
+
+
+def _gpu_uuid(name: str, digest: str, gpu: int) -> str:
+    key = f"{name}\n{digest}\n{gpu}"
     return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, key)}"
 
 
-__all__ = ["GPU_UUID_NAMESPACE", "profile_digest", "profile_gpu_uuid"]
+__all__ = ["GPU_UUID_NAMESPACE", "profile_digest", "profile_gpu_uuid", "profile_gpu_uuids"]

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.daemon.profile_identity import profile_gpu_uuid
+from gpugov.daemon.profile_identity import profile_gpu_uuid, profile_gpu_uuids
 from gpugov.daemon.vllm_view import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
@@ -291,7 +291,7 @@ class EmulatedNode:
         self.max_clock_mhz = self.supported_clocks_mhz[-1]
         self.gpu_name = emulated_gpu_name(plant.profile)
         """Every GPU's NVML name (:func:`emulated_gpu_name`)."""
-        self.gpu_uuids = tuple(emulated_gpu_uuid(plant.profile, gpu) for gpu in range(gpus))
+        self.gpu_uuids = profile_gpu_uuids(plant.profile, gpus)
         """Each GPU's NVML UUID (:func:`emulated_gpu_uuid`)."""
 
     # ------------------------------------------------------------------- groups

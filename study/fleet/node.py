@@ -57,7 +57,7 @@ def node_controller(
     declared: dict[str, Any] = {} if forecasts is None else {"forecasts": forecasts}
     context = ControllerContext.for_plant(
         plant,
-        () if forecasts is not None else workload,
+        workload,
         period_s=period_s,
         **declared,
         safety=safety,
