@@ -276,7 +276,7 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
                 else:
                     build()
             except (UsageError, ControllerError) as error:
-                message = _spec_message(UsageError(str(error)))
+                message = _spec_message(error)
                 raise UsageError(f"{path}: key 'controllers' ({entry}): {message}") from error
             checked(f"controller {spec} on {entry}")
     settings = grid.settings()
@@ -376,7 +376,7 @@ def _build_and_close(
     close_controller(built, f"{path}: controller {spec!r} on {entry}")
 
 
-def _spec_message(error: UsageError) -> str:
+def _spec_message(error: Exception) -> str:
     """A ``--controller`` refusal as a grid's ``controllers`` entry says it."""
     return str(error).removeprefix("--controller: ").removeprefix("--controller ")
 
