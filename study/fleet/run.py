@@ -285,8 +285,8 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     safety = SafetySettings(dwell_s=config.dwell_s)
     # Once: every node declares the same forecasts, target and view.
     forecasts = Forecasts.from_workload(workload)
-    target = slo_target_of(config.slo_target)
-    view = observation_view(config.engine_view, target)
+    slo_target = slo_target_of(config.slo_target)
+    view = observation_view(config.engine_view, slo_target)
     nodes = [
         FleetNode(
             f"node{i}",
@@ -298,7 +298,7 @@ def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
             safety=safety,
             seed=config.seed + i,
             view=view,
-            slo_target=target,
+            slo_target=slo_target,
             forecasts=forecasts,
         )
         for i, name in enumerate(config.node_profiles())
