@@ -8,7 +8,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -356,43 +356,34 @@ class ClockActuator:
         Raises:
             PermissionDenied, NotSupported, GpuLost: as :meth:`apply`.
         """
-        wanted = {writer.label: clock_range for writer, clock_range in planned}
-        written = 0
         kept: dict[str, int | None] = {}
-        fatal: GpuError | None = None
-        for writer, finish in self._write_together(planned):
+
+        def transient(writer: ClockWriter, _: object, error: TransientGpuError) -> int:
+            """The lock failed for now: its clock unknown; held low, reset (or kept)."""
             backend, label = writer.backend, writer.label
-            try:
-                finish()
-            except ClockWriteHung as error:
-                self._write_hung(writer, "lock", error, before[label], clock_mhz)
-                continue
-            except TransientGpuError as error:
+            self.locked_mhz[label] = _UNKNOWN
+            writer.failed("lock", error)
+            lowest = self._lowest_held(label, before[label], clock_mhz)
+            assert lowest is not None  # this lock's clock at least
+            self._maybe_held[label] = lowest
+            if lowest < clock_mhz:
+                return self._not_held_low(backend, lowest, clock_mhz)
+            if self._lowers(backend, before[label], clock_mhz):
+                kept[label] = before[label]
+            return 0
+
+        def refused(writer: ClockWriter, error: GpuError) -> None:
+            """The lock failed for good: counted; its clock unknown, or none was held."""
+            label = writer.label
+            writer.count_failure()
+            if before[label] is None and isinstance(error, PermissionDenied | NotSupported):
+                # Refused, so nothing was written, on a GPU that held no lock of
+                # ours: nothing for the exit to reset (nor to report as still locked).
+                self._touched.discard(label)
+            else:
                 self.locked_mhz[label] = _UNKNOWN
-                writer.failed("lock", error)
-                lowest = self._lowest_held(label, before[label], clock_mhz)
-                assert lowest is not None  # this lock's clock at least
-                self._maybe_held[label] = lowest
-                if lowest < clock_mhz:
-                    written += self._not_held_low(backend, lowest, clock_mhz)
-                elif self._lowers(backend, before[label], clock_mhz):
-                    kept[label] = before[label]
-                continue
-            except GpuError as error:
-                writer.count_failure()
-                if before[label] is None and isinstance(error, PermissionDenied | NotSupported):
-                    # Refused, so nothing was written, on a GPU that held no lock of
-                    # ours: nothing for the exit to reset (nor to report as still locked).
-                    self._touched.discard(label)
-                else:
-                    self.locked_mhz[label] = _UNKNOWN
-                if writer.deadline_s is None:
-                    raise
-                fatal = fatal or error  # raised once every write started has its outcome
-                continue
-            writer.succeeded()
-            self._holds(backend, wanted[label])
-            written += 1
+
+        written, fatal = self._take_outcomes(planned, before, transient, on_fatal=refused)
         if fatal is not None:
             if written:
                 self.writes += written
@@ -417,24 +408,21 @@ class ClockActuator:
         values = list(kept.values())
         back = None if None in values else max(v for v in values if v is not None)
         back_planned = [(writer, self._back_range(writer.backend, back)) for writer in lowered]
-        written = 0
-        for (writer, finish), (_, wanted) in zip(
-            self._write_together(back_planned), back_planned, strict=True
-        ):
-            label, what = writer.label, "reset" if wanted is None else "lock"
-            try:
-                finish()
-            except ClockWriteHung as error:
-                held = None if wanted is None else wanted[1]
-                self._write_hung(writer, what, error, clock_mhz, held)
-                continue
-            except TransientGpuError as error:
-                self.locked_mhz[label] = _UNKNOWN  # written again at the next apply
-                writer.failed(what, error)
-                continue
-            writer.succeeded()
-            self._holds(writer.backend, wanted)
-            written += 1
+
+        def transient(
+            writer: ClockWriter, wanted: tuple[int, int] | None, error: TransientGpuError
+        ) -> int:
+            """The write back failed for now: written again at the next apply."""
+            self.locked_mhz[writer.label] = _UNKNOWN
+            writer.failed("reset" if wanted is None else "lock", error)
+            return 0
+
+        written, _ = self._take_outcomes(
+            back_planned,
+            dict.fromkeys((writer.label for writer in lowered), clock_mhz),
+            transient,
+            fatal_at_once=True,
+        )
         if not self._rollback_logged:
             self._rollback_logged = True
             log.warning(
@@ -448,6 +436,57 @@ class ClockActuator:
                 "reset as well" if back is None else f"back at {back} MHz",
             )
         return written
+
+    def _take_outcomes(
+        self,
+        planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
+        before: Mapping[str, int | None],
+        transient: Callable[[ClockWriter, tuple[int, int] | None, TransientGpuError], int],
+        *,
+        on_fatal: Callable[[ClockWriter, GpuError], None] | None = None,
+        fatal_at_once: bool = False,
+    ) -> tuple[int, GpuError | None]:
+        """Make the writes ``planned`` (:meth:`_write_together`) and take each outcome, the
+        one way :meth:`apply`'s locks, their rollback and :meth:`unlock`'s resets do.
+
+        A write that went through is remembered (:meth:`_holds`); one past its deadline
+        hangs that GPU (:meth:`_write_hung`, from the lock ``before`` it); one that failed
+        for now is handed to ``transient`` (the GPU's writer, the range written, the
+        error), which returns the writes its fallback made. A fatal error is handed to
+        ``on_fatal``, then raised at once without a deadline (or with ``fatal_at_once``),
+        else kept until every write started has its outcome.
+
+        Returns:
+            The writes that went through (the fallbacks' included), and the first fatal
+            error kept, for the caller to raise.
+        """
+        written = 0
+        fatal: GpuError | None = None
+        for (writer, finish), (_, wanted) in zip(
+            self._write_together(planned), planned, strict=True
+        ):
+            try:
+                finish()
+            except ClockWriteHung as error:
+                what, held = ("reset", None) if wanted is None else ("lock", wanted[1])
+                self._write_hung(writer, what, error, before[writer.label], held)
+                continue
+            except TransientGpuError as error:
+                written += transient(writer, wanted, error)
+                continue
+            except GpuError as error:
+                if fatal_at_once:
+                    raise
+                if on_fatal is not None:
+                    on_fatal(writer, error)
+                if writer.deadline_s is None:
+                    raise
+                fatal = fatal or error  # raised once every write started has its outcome
+                continue
+            writer.succeeded()
+            self._holds(writer.backend, wanted)
+            written += 1
+        return written, fatal
 
     def _write_together(
         self, planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]]
@@ -613,26 +652,13 @@ class ClockActuator:
                 continue  # still hanging; or the hung write, returned, was a reset
             planned.append((writer, None))
             before[backend.label] = self.locked_mhz[backend.label]
-        written = 0
-        fatal: GpuError | None = None
-        for writer, finish in self._write_together(planned):
-            try:
-                finish()
-            except ClockWriteHung as error:
-                self._write_hung(writer, "reset", error, before[writer.label], None)
-                continue
-            except TransientGpuError as error:
-                writer.failed("reset", error)
-                written += self._top_instead(writer.backend)
-                continue
-            except GpuError as error:
-                if writer.deadline_s is None:
-                    raise
-                fatal = fatal or error  # raised once every write started has its outcome
-                continue
-            writer.succeeded()
-            self._holds(writer.backend, None)
-            written += 1
+
+        def transient(writer: ClockWriter, _: object, error: TransientGpuError) -> int:
+            """The reset failed for now: the top clock locked instead where held low."""
+            writer.failed("reset", error)
+            return self._top_instead(writer.backend)
+
+        written, fatal = self._take_outcomes(planned, before, transient)
         self.writes += written
         if fatal is not None:
             raise fatal
