@@ -94,10 +94,10 @@ THERMAL_BAND_C = 2.0
 two of NVML's whole-degree readings."""
 THERMAL_STALE_S = 10.0
 """How long :class:`ThermalGuard` plans from its last temperature reading through ticks
-that read none."""
+that read none (beyond one control period, where it knows the period)."""
 THERMAL_GAP_S = 5.0
-"""A gap between two of :class:`ThermalGuard`'s calls longer than this (the fail-safe
-held the clock) restarts its count of time at the lowest clock."""
+"""A gap between two of :class:`ThermalGuard`'s calls longer than this beyond one control
+period (the fail-safe held the clock) restarts its count of time at the lowest clock."""
 THERMAL_GIVE_UP_S = 120.0
 """Seconds the die may stay at or above the limit with the clock at its lowest before
 :class:`ThermalGuard` calls the limit unholdable and stands down (until the die cools
@@ -115,11 +115,26 @@ class ThermalGuard(ControllerWrapper):
     it) the guard stands down, one log line, until the die is back under the band.
 
     A controller in its warm-up, or a rule that raises past its own thermal plan, went
-    past a stated limit; the GPU's own slowdown only acts at its hardware limit."""
+    past a stated limit; the GPU's own slowdown only acts at its hardware limit.
 
-    def __init__(self, inner: ClockController, clocks_mhz: Sequence[float]) -> None:
+    ``period_s`` (the control period the calls come at) lengthens the gap and the
+    staleness by one period: ticks 10 s apart are no gap (each one counted as a fail-safe's,
+    an unholdable limit was never given up)."""
+
+    def __init__(
+        self,
+        inner: ClockController,
+        clocks_mhz: Sequence[float],
+        *,
+        period_s: float | None = None,
+    ) -> None:
         super().__init__(inner)
         self.clocks_mhz = tuple(sorted(float(c) for c in clocks_mhz))
+        tick_s = 0.0 if period_s is None else float(period_s)
+        self.gap_s = tick_s + THERMAL_GAP_S
+        """A longer gap between two calls is a fail-safe's (:data:`THERMAL_GAP_S`)."""
+        self.stale_s = tick_s + THERMAL_STALE_S
+        """How old a reading a tick with none plans from (:data:`THERMAL_STALE_S`)."""
         self.capped = 0
         """Decisions lowered by the guard."""
         self.cap_mhz: float | None = None
@@ -144,14 +159,14 @@ class ThermalGuard(ControllerWrapper):
         limit = observation.thermal_limit_c
         now = observation.time_s
         last_call, self._last_call_s = self._last_call_s, now
-        if last_call is not None and not 0.0 <= now - last_call <= THERMAL_GAP_S:
+        if last_call is not None and not 0.0 <= now - last_call <= self.gap_s:
             # Not called meanwhile (the fail-safe held the top clock): the time at the
             # lowest clock starts again.
             self._lowest_since_s = None
         temperature = observation.temperature_c
         if math.isfinite(temperature):
             self._reading = (temperature, now)
-        elif self._reading is not None and 0.0 <= now - self._reading[1] <= THERMAL_STALE_S:
+        elif self._reading is not None and 0.0 <= now - self._reading[1] <= self.stale_s:
             # A tick the sensor gave no reading: the last one, a few seconds old at most,
             # so that a flaky sensor at the limit does not lift the cap tick by tick.
             temperature = self._reading[0]
@@ -293,7 +308,9 @@ def with_safety(
     then the dwell time and the minimum relock interval, counted in whole periods of
     ``period_s`` when given."""
     settings = settings or SafetySettings()
-    controller: ClockController = ThermalGuard(ClampToSupported(inner, clocks_mhz), clocks_mhz)
+    controller: ClockController = ThermalGuard(
+        ClampToSupported(inner, clocks_mhz), clocks_mhz, period_s=period_s
+    )
     if settings.floor_mhz is not None:
         controller = FloorClock(controller, settings.floor_mhz, clocks_mhz)
     return MinimumDwell(

@@ -101,3 +101,27 @@ def test_every_controller_holds_a_stated_limit_on_the_plant() -> None:
     unstated = with_safety(lambda o: top, clocks)
     again = simulate(workload, plant, chunked_prefill_scheduler, unstated, 0)
     assert again.metrics.energy_j == free.metrics.energy_j
+
+
+@pytest.mark.parametrize("period_s", [10.0, 60.0])
+def test_a_long_control_period_still_gives_up_an_unholdable_limit_and_keeps_the_cap(
+    period_s: float,
+) -> None:
+    """A node at a control period longer than the guard's gap (``daemon.period_s`` up to
+    60 s): its ticks, one period apart, are no fail-safe's gap, so an unholdable limit is
+    given up after its 120 s as at a short period, and a tick the sensor gave no reading
+    plans from the last tick's reading."""
+    chain = with_safety(_top, CLOCKS, period_s=period_s)
+    guard = chain.inner
+    assert isinstance(guard, ThermalGuard)
+    ticks = int(THERMAL_GIVE_UP_S / period_s) + 3
+    decisions = [chain(_at(t * period_s, 81.0)) for t in range(ticks)]
+    assert decisions[0] == 300.0 and guard.unholdable and decisions[-1] == 1500.0
+    flaky = with_safety(_top, CLOCKS, period_s=period_s)
+    assert flaky(_at(0.0, 80.0)) == 300.0
+    assert flaky(_at(period_s, float("nan"))) == 300.0  # the last tick's reading
+    # A tick missed (the fail-safe held the clock) is still a gap.
+    gapped = ThermalGuard(_top, CLOCKS, period_s=period_s)
+    assert gapped(_at(0.0, 81.0)) == 300.0
+    assert gapped(_at(2 * period_s + THERMAL_GIVE_UP_S, 81.0)) == 300.0
+    assert not gapped.unholdable
