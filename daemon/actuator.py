@@ -1,44 +1,43 @@
 """Clock actuation for one control domain, the policy of what to write: lock on change,
-remember, reconcile at start, check the readback, reset on the way out.
+remember, check the readback; with the reconcile at start (:mod:`daemon.clock_reconcile`)
+and the reset on the way out (:mod:`daemon.clock_exit`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
 from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
-from gpugov.daemon.clock_writer import ClockWrite, ClockWriteHung, ClockWriter
+from gpugov.daemon.clock_exit import ExitResets
+from gpugov.daemon.clock_reconcile import LockReconcile
+from gpugov.daemon.clock_writer import (
+    UNKNOWN_LOCK,
+    ClockWrite,
+    ClockWriteHung,
+    ClockWriter,
+    start_writes,
+)
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import (
-    ConfigError,
     GpuError,
     GpuLost,
     NotSupported,
     PermissionDenied,
     TransientGpuError,
 )
-from gpugov.daemon.exit_restore import (
-    PERMANENT_RESET_ERRORS,
-    ExitBudget,
-    Outcome,
-    restore_each,
-)
 from gpugov.daemon.gpu_writer import LateCall, WriteFailureLog
-from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
-from gpugov.daemon.readback import APPLICATIONS_CLOCKS_SETTING, LockReadback
+from gpugov.daemon.lockstate import LockState, gpu_key
+from gpugov.daemon.readback import LockReadback
 
 log = logging.getLogger(__name__)
 
 LockMode = Literal["pin", "cap"]
 ExternalPolicy = Literal["reassert", "yield"]
-ReconcilePolicy = Literal["reset", "adopt"]
-_UNKNOWN = -1  # a write failed half way: the GPU's lock state is unknown, write again
 
 REASSERTED = (
     "{count} more outside change(s) in the {seconds:.0f} s before, each locked again, were "
@@ -65,7 +64,7 @@ def _one_clock(locks: Iterable[int | None]) -> int | None:
     unknown, or they differ."""
     values = set(locks)
     value = values.pop() if len(values) == 1 else None
-    return None if value == _UNKNOWN else value
+    return None if value == UNKNOWN_LOCK else value
 
 
 def _raise(error: Exception) -> None:
@@ -73,22 +72,7 @@ def _raise(error: Exception) -> None:
     raise error
 
 
-def _start_writes(
-    planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
-) -> dict[str, ClockWriteHung]:
-    """Start every write of ``planned`` (a GPU's writer and the range it locks; None: a
-    reset) without waiting; per GPU not started because an earlier write to it still
-    hangs, the error its write raises."""
-    refused: dict[str, ClockWriteHung] = {}
-    for writer, clock_range in planned:
-        try:
-            writer.start_write(clock_range)
-        except ClockWriteHung as error:
-            refused[writer.label] = error
-    return refused
-
-
-class ClockActuator:
+class ClockActuator(LockReconcile, ExitResets):
     """Applies one SM clock to every GPU of a domain.
 
     NVML cannot read a clock lock back, so the actuator remembers what it wrote (in memory
@@ -304,7 +288,7 @@ class ClockActuator:
                 # Of several failing GPUs some went through: back at the clock the others
                 # hold (they were left where they are), the group not split.
                 others = {self.locked_mhz[item[0].label] for item in planned if item not in first}
-                if len(others) == 1 and _UNKNOWN not in others:
+                if len(others) == 1 and UNKNOWN_LOCK not in others:
                     (held,) = others
                     stuck = {
                         w.label: held for w, _ in first if self.locked_mhz[w.label] != clock_mhz
@@ -338,7 +322,7 @@ class ClockActuator:
                 return clock_mhz < max(backend.supported_clocks_mhz())
             except GpuError:  # a GPU lost meanwhile is said by its write
                 return True
-        return before != _UNKNOWN and clock_mhz < before
+        return before != UNKNOWN_LOCK and clock_mhz < before
 
     def _lock_planned(
         self,
@@ -361,7 +345,7 @@ class ClockActuator:
         def transient(writer: ClockWriter, _: object, error: TransientGpuError) -> int:
             """The lock failed for now: its clock unknown; held low, reset (or kept)."""
             backend, label = writer.backend, writer.label
-            self.locked_mhz[label] = _UNKNOWN
+            self.locked_mhz[label] = UNKNOWN_LOCK
             writer.failed("lock", error)
             lowest = self._lowest_held(label, before[label], clock_mhz)
             assert lowest is not None  # this lock's clock at least
@@ -381,7 +365,7 @@ class ClockActuator:
                 # ours: nothing for the exit to reset (nor to report as still locked).
                 self._touched.discard(label)
             else:
-                self.locked_mhz[label] = _UNKNOWN
+                self.locked_mhz[label] = UNKNOWN_LOCK
 
         written, fatal = self._take_outcomes(planned, before, transient, on_fatal=refused)
         if fatal is not None:
@@ -413,7 +397,7 @@ class ClockActuator:
             writer: ClockWriter, wanted: tuple[int, int] | None, error: TransientGpuError
         ) -> int:
             """The write back failed for now: written again at the next apply."""
-            self.locked_mhz[writer.label] = _UNKNOWN
+            self.locked_mhz[writer.label] = UNKNOWN_LOCK
             writer.failed("reset" if wanted is None else "lock", error)
             return 0
 
@@ -508,7 +492,7 @@ class ClockActuator:
         for writer, clock_range in planned:
             if clock_range is not None:
                 self._touched.add(writer.label)  # a lock that hangs may hold: reset at exit
-        refused = _start_writes(planned)
+        refused = start_writes(planned)
         ends_s = time.monotonic() + deadline_s  # the threads' waits are in real seconds
         for writer, _ in planned:
             if writer.label in refused:
@@ -529,7 +513,7 @@ class ClockActuator:
             if found is not None and problem is None:
                 problem = found
             if renewed and self.locked_mhz[label] is not None:
-                self.locked_mhz[label] = _UNKNOWN
+                self.locked_mhz[label] = UNKNOWN_LOCK
         return problem
 
     def _holds(self, backend: GpuBackend, clock_range: tuple[int, int] | None) -> None:
@@ -549,8 +533,8 @@ class ClockActuator:
         """After a lock (``clock_mhz``; None: a reset) that failed or hangs on a GPU that
         held ``before``: the lowest lock it may hold now, the one before, one a write that
         failed before may still have made, or this one (None: none)."""
-        earlier = self._maybe_held.get(label) if before == _UNKNOWN else before
-        held = [v for v in (earlier, clock_mhz) if v is not None and v != _UNKNOWN]
+        earlier = self._maybe_held.get(label) if before == UNKNOWN_LOCK else before
+        held = [v for v in (earlier, clock_mhz) if v is not None and v != UNKNOWN_LOCK]
         return min(held) if held else None
 
     # ------------------------------------------------------- the hung writes
@@ -569,7 +553,7 @@ class ClockActuator:
         entry for it (a hung lock's range, or, for a hung reset, the entry of the lock
         before): a kill or restart meanwhile has the next start's reconcile reset it."""
         label = writer.label
-        self.locked_mhz[label] = _UNKNOWN
+        self.locked_mhz[label] = UNKNOWN_LOCK
         writer.failed(what, error, then=HUNG_THEN)
         lowest = self._lowest_held(label, before, clock_mhz)
         if lowest is not None:
@@ -618,7 +602,7 @@ class ClockActuator:
                 self._clock() - hung.started_s,
             )
             return
-        self.locked_mhz[label] = _UNKNOWN
+        self.locked_mhz[label] = UNKNOWN_LOCK
         log.warning(
             "domain %s: GPU %s: the clock %s that hung returned after %.1f s, failing: %s; "
             "the clock wanted now is written",
@@ -689,7 +673,7 @@ class ClockActuator:
         try:
             writer.write(None)
         except ClockWriteHung as error:
-            self._write_hung(writer, "reset", error, _UNKNOWN, None)
+            self._write_hung(writer, "reset", error, UNKNOWN_LOCK, None)
             return 0
         except GpuLost:
             raise
@@ -732,7 +716,7 @@ class ClockActuator:
                 label,
                 error,
             )
-            self.locked_mhz[label] = _UNKNOWN
+            self.locked_mhz[label] = UNKNOWN_LOCK
             return 0
         self._holds(backend, (low, high))
         self._log_fallback(
@@ -747,301 +731,7 @@ class ClockActuator:
         a lock below it, or one at unknown clocks; not a GPU gpugov unlocked (its last
         write a reset that went through), which a failed reset must not lock anew."""
         held = self.locked_mhz[label]
-        return held == _UNKNOWN or (held is not None and held < top)
-
-    def restore(self, budget: ExitBudget | None = None) -> list[str]:
-        """Reset every GPU ever written to, retrying failures with backoff; never raises.
-
-        A GPU that is lost, refuses permission or lacks the call is not retried (it would
-        fail the same way), nor, on a node, one whose reset (or an earlier write) hangs
-        past the write deadline, so a hung GPU holds the exit at most that deadline; any
-        other failure is retried ``reset_attempts`` times. With ``budget`` (the exit's,
-        shared by every GPU's restores) each reset is waited for at most what is left of
-        it, and once it is spent no other reset is started: those GPUs are returned too.
-
-        On a node the first round's resets start together and are waited for under one
-        deadline, as a tick's writes are: GPUs whose reset hangs cost the exit that
-        deadline once, not each, and cannot spend the budget before a healthy GPU after
-        them is reset.
-
-        Returns:
-            Labels of the GPUs that could not be reset (they may still be locked).
-        """
-        gpus = self._exit_gpus()
-        started, self._exit_started = self._exit_started, None
-        if started is None:
-            started = self._start_exit_resets(gpus, budget)
-        not_reset = restore_each(
-            gpus,
-            functools.partial(self._reset_at_exit, budget=budget, started=started),
-            what="reset",
-            still=lambda backend: "it may still be locked",
-            log=log,
-            domain=self.domain,
-            attempts=self.reset_attempts,
-            backoff_s=self.reset_backoff_s,
-            sleep=self._sleep,
-            budget=budget,
-        )
-        for backend in gpus:
-            if backend.label in not_reset:
-                self._top_at_exit(backend, budget)
-        return not_reset
-
-    def _top_at_exit(self, backend: GpuBackend, budget: ExitBudget | None) -> None:
-        """A GPU the exit could not reset, held below its top clock (or at unknown clocks):
-        lock the top clock instead, as the loop's fail-safe does, so it is not left low
-        until someone resets it. Not for a lost GPU, one whose write hangs, or once the
-        exit's budget is spent; a lock that fails too is only logged (DEBUG)."""
-        label = backend.label
-        writer = self._writers[label]
-        if label in self.lost or writer.hanging or (budget is not None and budget.spent):
-            return
-        try:
-            top = max(backend.supported_clocks_mhz())
-            if not self._held_low(label, top):
-                return
-            clock_range = self._range(backend, top)
-            writer.write(
-                clock_range, wait_s=None if budget is None else budget.wait_s(writer.deadline_s)
-            )
-        except GpuError as error:
-            log.debug("domain %s: GPU %s: top clock at exit failed: %s", self.domain, label, error)
-            return
-        self._holds(backend, clock_range)
-        log.warning(
-            "domain %s: GPU %s: its reset failed; locked at the top clock (%d MHz) instead, so "
-            "it is not held low (it is still locked: gpugov reset-clocks unlocks it)",
-            self.domain,
-            label,
-            top,
-        )
-
-    def begin_restore(self, budget: ExitBudget | None = None) -> None:
-        """Start :meth:`restore`'s first resets now, without waiting for them: the exit
-        starts every domain's before it waits for any (:func:`daemon.loop.restore_all`),
-        so domains whose GPUs hang share one deadline as a domain's GPUs do."""
-        self._exit_started = self._start_exit_resets(self._exit_gpus(), budget)
-
-    def _exit_gpus(self) -> list[GpuBackend]:
-        """The GPUs the exit resets: every one written to and not yielded."""
-        return [b for b in self._backends if b.label in self._touched - self.yielded]
-
-    def _start_exit_resets(
-        self, gpus: Sequence[GpuBackend], budget: ExitBudget | None
-    ) -> dict[str, tuple[float, float]]:
-        """On a node, start the exit's first reset of every GPU in ``gpus`` at once; per GPU
-        started, when its wait ends (``time.monotonic``) and the wait said in its line.
-        A GPU whose earlier write still hangs is not started (its reset fails as it
-        would have); none is once ``budget`` is spent."""
-        deadline_s = self._write_deadline_s
-        if deadline_s is None or (budget is not None and budget.spent):
-            return {}
-        wait_s = deadline_s if budget is None else budget.wait_s(deadline_s)
-        assert wait_s is not None
-        refused = _start_writes([(self._writers[backend.label], None) for backend in gpus])
-        ends_s = time.monotonic() + wait_s  # the threads' waits are in real seconds
-        return {b.label: (ends_s, wait_s) for b in gpus if b.label not in refused}
-
-    def _reset_at_exit(
-        self,
-        backend: GpuBackend,
-        attempt: int,
-        *,
-        budget: ExitBudget | None,
-        started: dict[str, tuple[float, float]] | None = None,
-    ) -> Outcome:
-        """One GPU's exit reset, try ``attempt`` (from 0) of :meth:`restore`'s. On a node
-        it waits for the reset at most ``write_deadline_s`` (or what is left of
-        ``budget``), and not at all while an earlier write to the GPU still hangs; a reset
-        that hangs is not retried (a retry could not start while it hangs, and each
-        domain's backoff would add to the exit): the GPU may still be locked, and is
-        reported so."""
-        writer = self._writers[backend.label]
-        begun = None if started is None else started.pop(backend.label, None)
-        try:
-            if begun is not None:  # the first round's, started with the others
-                ends_s, said_s = begun
-                writer.finish(max(0.0, ends_s - time.monotonic()), deadline_s=said_s)
-            else:
-                wait_s = None if budget is None else budget.wait_s(writer.deadline_s)
-                writer.write(None, wait_s=wait_s)
-        except ClockWriteHung as error:
-            writer.count_failure()
-            log.error("domain %s: reset failed: %s; not retried", self.domain, error)
-            return "failed"
-        except PERMANENT_RESET_ERRORS as error:
-            writer.count_failure()
-            if isinstance(error, GpuLost):
-                self.lost.add(backend.label)
-            log.error("domain %s: reset failed: %s", self.domain, error)
-            return "failed"
-        except GpuError as error:
-            writer.count_failure()
-            log.warning(
-                "domain %s: reset failed (attempt %d of %d): %s",
-                self.domain,
-                attempt + 1,
-                self.reset_attempts,
-                error,
-            )
-            return "retry"
-        self._touched.discard(backend.label)
-        self.locked_mhz[backend.label] = None
-        if self.state is not None:
-            self.state.clear(gpu_key(backend))
-        dry = " (dry run: not written)" if isinstance(backend, DryRunBackend) else ""
-        log.info("domain %s: GPU %s clocks reset%s", self.domain, backend.label, dry)
-        return "done"
-
-    # --------------------------------------------------------------- reconcile
-    def reconcile(
-        self,
-        policy: ReconcilePolicy = "reset",
-        *,
-        dry_run: bool = False,
-        read: Callable[[GpuBackend], GpuSample] | None = None,
-        stop: threading.Event | None = None,
-    ) -> list[str]:
-        """At start: find locks a previous run (or someone else) left, reset or adopt them.
-
-        A GPU counts as locked when the state file holds an entry for it written by
-        another process, or when NVML shows ApplicationsClocksSetting among its clock
-        event reasons while its SM clock is below the top supported clock (a lock below
-        the top; a lock at the top is harmless and cannot be told from no lock).
-
-        ``read`` reads a GPU (default: its sample on this thread; a node: its domain's
-        read under its deadline, so a hung read leaves the clock unknown). Once ``stop`` is
-        set the GPUs left are not read (:meth:`_left_to_the_exit`).
-
-        Returns:
-            One line per GPU saying what was found and done (also logged).
-        """
-        lines = []
-        for backend in self._backends:
-            if stop is not None and stop.is_set():
-                lines.append(self._left_to_the_exit(backend, dry_run))
-            else:
-                lines.append(self._reconcile_one(backend, policy, dry_run, read))
-        return lines
-
-    def _left_to_the_exit(self, backend: GpuBackend, dry_run: bool) -> str:
-        """A GPU the reconcile did not reach before a stop: not read, and reset by the exit
-        (every GPU's at once, within the exit's budget), as the reconcile would have reset
-        or adopted a lock it found (a reset where none is held changes nothing). Read and
-        reset here one GPU after another, a hung driver cost the stop two deadlines a GPU,
-        past a unit's stop timeout on eight GPUs. A GPU whose record names a gpugov that
-        still runs is left to it."""
-        label, key = backend.label, gpu_key(backend)
-        entry = self.state.get(key) if self.state is not None else None
-        found = "" if entry is None else f"{left_by(entry)}; "
-        if entry is not None and live_writer(entry):
-            line = (
-                f"GPU {label}: not reconciled (stopped during the start): gpugov "
-                f"{writer_pid_text(entry)} holds its lock and still runs"
-            )
-        elif dry_run:
-            line = f"GPU {label}: {found}not reconciled (stopped during the start); dry run"
-        else:
-            self._touched.add(label)
-            self.locked_mhz[label] = _UNKNOWN
-            line = f"GPU {label}: {found}not reconciled (stopped during the start): reset at exit"
-        log.warning("reconcile: %s", line)
-        return line
-
-    def _reconcile_one(
-        self,
-        backend: GpuBackend,
-        policy: ReconcilePolicy,
-        dry_run: bool,
-        read: Callable[[GpuBackend], GpuSample] | None,
-    ) -> str:
-        label, key = backend.label, gpu_key(backend)
-        entry = self.state.get(key) if self.state is not None else None
-        if entry is not None and self.state is not None and self.state.written_here(key):
-            entry = None  # our own (cannot happen at start; be safe)
-        if entry is not None and live_writer(entry):
-            # Its writer still runs: another daemon governs this GPU (its state directory's
-            # hold was lost, say, the directory deleted under it). Resetting its live lock
-            # would start a fight for the clock.
-            state_file = getattr(self.state, "path", "locks.json")
-            raise ConfigError(
-                f"GPU {label}: gpugov {writer_pid_text(entry)} holds its clock lock "
-                f"({state_file}) and is still running; stop it first"
-            )
-        try:
-            sample: GpuSample | None = backend.sample() if read is None else read(backend)
-        except GpuError as error:
-            sample = None
-            log.debug("GPU %s: reading clocks for reconcile failed: %s", label, error)
-        top = max(backend.supported_clocks_mhz())
-        clock = sample.sm_clock_mhz if sample is not None else None
-        reasons = sample.clock_event_reasons if sample is not None else None
-        seems_locked = (
-            reasons is not None
-            and bool(reasons & APPLICATIONS_CLOCKS_SETTING)
-            and clock is not None
-            and clock < top - self._readback.tolerance(backend)
-        )
-        now = f"{clock:.0f} MHz" if clock is not None else "unknown"
-        low = entry.get("min_mhz") if entry is not None else None
-        held = entry.get("max_mhz") if entry is not None else None
-        if entry is not None:
-            found = f"{left_by(entry)} (now {now} of {top} MHz)"
-        elif seems_locked:
-            found = f"it runs at {now} of {top} MHz with ApplicationsClocksSetting active: " + (
-                # A dry run reads no lock record: a running gpugov's lock looks alike.
-                "locked by someone else or a running gpugov (a dry run reads no record)"
-                if dry_run
-                else "locked by someone else or by a run that left no record"
-            )
-        else:
-            line = f"GPU {label}: no lock found (SM clock {now} of {top} MHz)"
-            log.info("reconcile: %s", line)
-            return line
-        if dry_run:
-            line = f"GPU {label}: {found}; dry run: left as it is"
-        elif policy == "adopt":
-            self._touched.add(label)
-            pin = held is not None and low == held and self.lock_mode == "pin"
-            # The GPU above the recorded lock with no lock shown: it was reset since the
-            # record (nvidia-smi -rgc, a driver reload). Taken as held, the readback read
-            # the GPU's default clock as someone else's change (with "yield": the GPU
-            # left ungoverned for the run); as unknown, the first decision is written.
-            gone = (
-                isinstance(held, int | float)
-                and reasons is not None
-                and not reasons & APPLICATIONS_CLOCKS_SETTING
-                and clock is not None
-                and clock > held + self._readback.tolerance(backend)
-            )
-            self.locked_mhz[label] = (
-                int(held) if held is not None and pin and not gone else _UNKNOWN
-            )
-            if self.state is not None and low is not None and held is not None:
-                self.state.record(key, label, int(low), int(held))
-            line = f"GPU {label}: {found}; adopted: governed from here, reset on exit"
-            if gone:
-                line += (
-                    " (no lock shown now, above the recorded one: taken as unknown, the "
-                    "first decision written)"
-                )
-        else:
-            writer = self._writers[label]
-            try:
-                writer.write(None)
-            except GpuError as error:  # a reset that hangs too: tried again at exit
-                writer.count_failure()
-                self._touched.add(label)  # try again at exit
-                self.locked_mhz[label] = _UNKNOWN
-                line = f"GPU {label}: {found}; reset FAILED: {error}"
-                log.error("reconcile: %s", line)
-                return line
-            if self.state is not None:
-                self.state.clear(key)
-            line = f"GPU {label}: {found}; reset"
-        log.warning("reconcile: %s", line)
-        return line
+        return held == UNKNOWN_LOCK or (held is not None and held < top)
 
     # ---------------------------------------------------------------- readback
     def check_readback(self, samples: Sequence[GpuSample]) -> list[str]:
@@ -1062,7 +752,7 @@ class ClockActuator:
             label = sample.gpu
             backend = by_label.get(label)
             held = self.locked_mhz.get(label)
-            if backend is None or held is None or held == _UNKNOWN or label in self.yielded:
+            if backend is None or held is None or held == UNKNOWN_LOCK or label in self.yielded:
                 continue
             if isinstance(backend, DryRunBackend):
                 continue  # a dry run never wrote the lock it remembers
@@ -1086,7 +776,7 @@ class ClockActuator:
                     self.state.clear(gpu_key(backend))
                 log.warning("%s; yielding: gpugov leaves this GPU alone until restarted", what)
             else:
-                self.locked_mhz[label] = _UNKNOWN
+                self.locked_mhz[label] = UNKNOWN_LOCK
                 if self.state is not None:
                     # The lock written again is recorded again, whatever the file holds now.
                     self.state.invalidate(gpu_key(backend))

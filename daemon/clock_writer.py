@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpugov.daemon.backend import GpuBackend
@@ -15,6 +15,9 @@ from gpugov.daemon.errors import TransientGpuError
 from gpugov.daemon.gpu_writer import GpuWriter, WriteFailureLog
 
 _NO_EPOCH = object()  # no write session seen yet
+UNKNOWN_LOCK = -1
+"""The lock an actuator remembers for a GPU whose write failed half way (or hangs): its lock
+state is unknown, so the clock wanted is written again."""
 
 
 class ClockWriteHung(TransientGpuError):
@@ -119,4 +122,19 @@ class ClockWriter(GpuWriter[ClockWrite]):
         self.start(target, write.what, write=write)
 
 
-__all__ = ["ClockWrite", "ClockWriteHung", "ClockWriter"]
+def start_writes(
+    planned: Sequence[tuple[ClockWriter, tuple[int, int] | None]],
+) -> dict[str, ClockWriteHung]:
+    """Start every write of ``planned`` (a GPU's writer and the range it locks; None: a
+    reset) without waiting; per GPU not started because an earlier write to it still
+    hangs, the error its write raises."""
+    refused: dict[str, ClockWriteHung] = {}
+    for writer, clock_range in planned:
+        try:
+            writer.start_write(clock_range)
+        except ClockWriteHung as error:
+            refused[writer.label] = error
+    return refused
+
+
+__all__ = ["UNKNOWN_LOCK", "ClockWrite", "ClockWriteHung", "ClockWriter", "start_writes"]

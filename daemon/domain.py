@@ -21,7 +21,8 @@ from gpugov.controllers.contract import (
     controller_label,
     layers,
 )
-from gpugov.daemon.actuator import ClockActuator, ReconcilePolicy
+from gpugov.daemon.actuator import ClockActuator
+from gpugov.daemon.clock_reconcile import ReconcilePolicy
 from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout, LatestReader, ReadTimeout
 from gpugov.daemon.decide import close_controller
 from gpugov.daemon.energy import EnergyEstimator, reading_from
