@@ -456,11 +456,13 @@ def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
 def _one_line(error: BaseException) -> str:
     """``error`` as one line for the parent, its type named unless it is gpugov's own
     (whose message already says what failed): the parent raises it as a
-    ``ControllerError``, and an outside controller's ``ValueError`` read as one."""
+    ``ControllerError``, and an outside controller's ``ValueError`` read as one. A
+    :class:`~daemon.cli_support.UsageError` (a refused ``--controller``) is gpugov's too."""
+    from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.errors import GpugovError
 
     message = " ".join(str(error).split())
-    if isinstance(error, GpugovError):
+    if isinstance(error, GpugovError | UsageError):
         return message or type(error).__name__
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 

@@ -487,3 +487,17 @@ def test_a_window_too_long_in_a_grid_names_the_grid_keys_to_change(tmp_path: Pat
     assert "load 1e-06: the window spans " in stderr
     assert stderr.rstrip().endswith("choose a shorter duration_s or larger loads"), stderr
     assert "--duration" not in stderr and "--load-scale" not in stderr
+
+
+def test_an_outside_factory_that_fails_is_named_in_the_grids_words(tmp_path: Path) -> None:
+    """An outside controller is built in a child process (run_isolated); its refusal came
+    back as 'UsageError: --controller os:getcwd: ...', a Python class and a flag sweep does
+    not take, where an in-process refusal reads 'os:getcwd: ...'."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace('"max"', '"os:getcwd"') + "duration_s = 5\n")
+    out = tmp_path / "out"
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "key 'controllers' (h100-sxm-llama3-8b): os:getcwd: controller factory" in stderr
+    assert "UsageError" not in stderr and "--controller" not in stderr
+    assert not out.exists()
