@@ -227,8 +227,14 @@ class DecisionDeadline(ControllerWrapper):
             self._pending = call
             self.timeouts += 1
             raise DecisionTimeout(f"no decision within its deadline of {self.deadline_s:g} s")
-        if call.error is not None:
-            raise call.error
+        error = call.error
+        if error is not None and not isinstance(error, Exception):
+            # No signal reaches the worker: a KeyboardInterrupt (or sys.exit()) there is
+            # the code's own, a failed decision; raised as it is it stopped the node as a
+            # Ctrl-C does, naming no controller.
+            raise EscapedCall(escape_text(error)) from error
+        if error is not None:
+            raise error
         return call.answer  # the chain outside judges a non-numeric answer
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from gpugov.controllers.contract import layers
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.controller_config import ExternalControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
-from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout
+from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout, EscapedCall
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.errors import ConfigError, ControllerFailure
@@ -161,6 +161,30 @@ def test_an_exception_passes_through_unchanged() -> None:
 
     with pytest.raises(ZeroDivisionError, match="bug"):
         DecisionDeadline(broken, 1.0)(_observation())
+
+
+@pytest.mark.parametrize(
+    ("escape", "said"),
+    [
+        (KeyboardInterrupt, "raised KeyboardInterrupt()"),
+        (SystemExit, "called sys.exit(None)"),
+        (GeneratorExit, "raised GeneratorExit()"),
+    ],
+)
+def test_what_is_no_exception_raised_on_the_worker_is_the_controllers_failure(
+    escape: type[BaseException], said: str
+) -> None:
+    """No signal reaches the worker thread: a KeyboardInterrupt there is the outside code's
+    own (as a sys.exit() is), one more failed decision; raised again on the loop's thread it
+    stopped the node as a Ctrl-C would (exit 130, 'interrupted', no line naming the
+    controller)."""
+
+    def escaping(observation: ServingObservation) -> float:
+        raise escape()
+
+    with pytest.raises(EscapedCall) as info:
+        DecisionDeadline(escaping, 1.0)(_observation())
+    assert str(info.value) == said and isinstance(info.value.__cause__, escape)
 
 
 def test_a_copy_has_its_own_worker_and_no_late_call(hanging: Any) -> None:
