@@ -27,6 +27,8 @@ at the realised clock; the one-state thermal RC is integrated exactly.
 The GPU side (realised clock, power, thermal RC integration) is a composed
 :class:`~gpugov.plant.gpu_physics.GpuPhysics` over frozen
 :class:`~gpugov.plant.gpu_physics.GpuParameters`, in ``gpu_physics.py``.
+The requested clock and the one in effect after the actuation delay are a composed
+:class:`~gpugov.plant.actuation.ActuationDelay`, in ``actuation.py``.
 
 Time advances segment by segment (iteration ends, clock changes, arrivals while idle);
 series samples on the ``time_step_s`` grid are taken analytically inside segments and kept
@@ -45,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from gpugov.plant.actuation import ActuationDelay
 from gpugov.plant.attribution import EnergyLedger, prefill_fraction
 from gpugov.plant.engine_counters import EngineCounters
 from gpugov.plant.fork import fork_simulation
@@ -160,10 +163,7 @@ class PlantSimulation:
             if initial_clock_mhz is None
             else plant.profile.clock_index(initial_clock_mhz, downward=True)
         )
-        self._requested_index = start_index
-        self._effective_index = start_index
-        self._pending: deque[tuple[float, int]] = deque()
-        self._clock_changes = 0
+        self._actuation = ActuationDelay(start_index, plant.actuation_delay_s)
 
         # The GPU: realised clock, power, energy, temperature.
         self.gpu = GpuPhysics(params, start_index)
@@ -194,7 +194,7 @@ class PlantSimulation:
     @property
     def requested_clock_mhz(self) -> float:
         """Latest requested (quantised) clock."""
-        return self._clocks[self._requested_index]
+        return self._clocks[self._actuation.requested]
 
     @property
     def realized_clock_mhz(self) -> float:
@@ -369,15 +369,7 @@ class PlantSimulation:
         if not math.isfinite(clock_mhz):
             raise ValueError(f"requested clock must be finite, got {clock_mhz!r}")
         index = self.plant.profile.clock_index(clock_mhz, downward=True)
-        if index != self._requested_index:
-            self._requested_index = index
-            self._clock_changes += 1
-            effective = self.time_s + self.plant.actuation_delay_s
-            if self.plant.actuation_delay_s <= 0.0:
-                self._effective_index = index
-                self._pending.clear()
-            else:
-                self._pending.append((effective, index))
+        self._actuation.request(index, self.time_s)
         return self._clocks[index]
 
     def set_power_cap(self, cap_w: float | None) -> float:
@@ -419,7 +411,7 @@ class PlantSimulation:
             kv_capacity_tokens=float(self.plant.kv_capacity_tokens),
             power_w=gpu.power_w,
             energy_j=gpu.energy_j,
-            requested_clock_mhz=self._clocks[self._requested_index],
+            requested_clock_mhz=self._clocks[self._actuation.requested],
             realized_clock_mhz=gpu.realized_clock_mhz,
             gpu_utilization=None if utilization is None else min(1.0, max(0.0, utilization)),
             power_limit_w=gpu.enforced_power_limit_w,
@@ -465,7 +457,7 @@ class PlantSimulation:
                 if started and self._fast_forward_enabled and self._fast_forward(end_s):
                     continue
                 if self._idle_until is not None:
-                    target = min(self._idle_until, end_s, self._next_pending_time())
+                    target = min(self._idle_until, end_s, self._actuation.next_change_s())
                     self._segment_idle(target)
                     if self.time_s >= self._idle_until - _EPS:
                         self._idle_until = None
@@ -490,18 +482,9 @@ class PlantSimulation:
     def _kv_running(self) -> int:
         return self._sum_plen_running + len(self._running) * self._decode_counter - self._sum_start
 
-    def _next_pending_time(self) -> float:
-        return self._pending[0][0] if self._pending else math.inf
-
-    def _apply_pending(self) -> None:
-        pending = self._pending
-        while pending and pending[0][0] <= self.time_s + _EPS:
-            self._effective_index = pending.popleft()[1]
-
     def _segment_busy(self, end_s: float) -> None:
-        self._apply_pending()
         index, (t_pf, t_dec, power) = self.gpu.busy_clock(
-            self._effective_index,
+            self._actuation.take_effect(self.time_s),
             self._iter_prefill_tokens,
             self._iter_decode_batch,
             self._iter_context,
@@ -510,7 +493,7 @@ class PlantSimulation:
         duration = t_pf + t_dec
         remaining = (1.0 - self._iter_progress) * duration
         finish = self.time_s + remaining
-        target = min(finish, end_s, self._next_pending_time())
+        target = min(finish, end_s, self._actuation.next_change_s())
         if target >= finish - _EPS:
             target = finish
             completes = True
@@ -538,8 +521,7 @@ class PlantSimulation:
             self._iter_progress += dt / duration
 
     def _segment_idle(self, target: float) -> None:
-        self._apply_pending()
-        index = self.gpu.idle_clock(self._effective_index)
+        index = self.gpu.idle_clock(self._actuation.take_effect(self.time_s))
         if self._idle_until is not None and math.isinf(target):
             raise RuntimeError("idle segment without an end")
         self._phase = "idle"
@@ -591,7 +573,7 @@ class PlantSimulation:
             completed_requests=float(self._completed),
             kv_tokens=float(kv),
             power_w=gpu.power_w,
-            requested_clock_mhz=self._clocks[self._requested_index],
+            requested_clock_mhz=self._clocks[self._actuation.requested],
             realized_clock_mhz=gpu.realized_clock_mhz,
             energy_j=energy,
             temperature_c=temperature,
@@ -705,9 +687,8 @@ class PlantSimulation:
         ):
             return False
         plant = self.plant
-        self._apply_pending()
         index, (_, base, power) = self.gpu.busy_clock(
-            self._effective_index,
+            self._actuation.take_effect(self.time_s),
             self._iter_prefill_tokens,
             self._iter_decode_batch,
             self._iter_context,
@@ -728,7 +709,7 @@ class PlantSimulation:
             if self._next_arrival < len(self._arrival)
             else math.inf
         )
-        available = min(end_s, next_arrival, self._next_pending_time()) - self.time_s
+        available = min(end_s, next_arrival, self._actuation.next_change_s()) - self.time_s
         # A slowdown below the lowest clock stretches every iteration alike (its power
         # depends on the batch alone, constant over the stretch).
         slope = self.gpu.params.decode_context_slope_s(index, batch) * self.gpu.slowdown
@@ -941,7 +922,7 @@ class PlantSimulation:
             peak_temperature_c=gpu.peak_temperature_c,
             peak_queued_requests_at_minimum_clock=peak_at_minimum,
             preemptions=self.counters.preemptions,
-            clock_changes=self._clock_changes,
+            clock_changes=self._actuation.changes,
             idle_energy_j=self.energy_ledger.idle_j,
             cap_overshoot_s=gpu.cap_overshoot_s if gpu.cap_requested else None,
         )
