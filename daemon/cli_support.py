@@ -22,12 +22,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.config import (
-    ONLINE_PERIOD_S,
-    default_control_period,
-    host_name_problem,
-    parse_address,
-)
+from gpugov.daemon.addresses import host_name_problem, parse_address
+from gpugov.daemon.config import ONLINE_PERIOD_S, default_control_period
 from gpugov.daemon.controller_config import (
     ControllerConfig,
     FixedControllerConfig,

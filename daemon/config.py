@@ -8,7 +8,6 @@ controller models (``[domains.controller]``) are in :mod:`daemon.controller_conf
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import re
@@ -27,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpugov.daemon.addresses import emulator_url, engine_page_url, parse_address, zeusd_url
 from gpugov.daemon.config_errors import validation_problems
 from gpugov.daemon.config_paths import rebase_relative_paths
 from gpugov.daemon.config_types import (
@@ -113,57 +113,6 @@ _PCI_BUS_ID = r"(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 """A PCI bus id as nvidia-smi and NVML print it (``00000000:18:00.0``, ``0000:18:00.0``)."""
 
 GpuId = Annotated[int | str, PlainValidator(_gpu_id)]
-
-
-def host_name_problem(host: str) -> str | None:
-    """Why ``host`` (a URL's or an address's host, without brackets) can name no host, or
-    None: a control character in it (a NUL), or a non-ASCII name IDNA cannot encode (an
-    empty label, one over 63 characters).
-    The socket's bind raised TypeError on it (a traceback from ``check-config`` and
-    ``run``), and a scrape of it failed every tick."""
-    if any(ord(character) < 32 or ord(character) == 127 for character in host):
-        # A NUL raised TypeError at the bind as well; the others no resolver takes.
-        return f"{host[:60]!r} is no host name (it holds a control character)"
-    if host.isascii():
-        return None  # the resolver says what is wrong with an ASCII name
-    try:
-        host.encode("idna")
-    except UnicodeError as error:
-        reason = str(error).rpartition("(")[2].rstrip(")").removeprefix("UnicodeError: ")
-        return f"{host[:60]!r} is no host name ({reason or error})"
-    return None
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9400`` for IPv6) to ``(host, port)``.
-
-    Raises:
-        ValueError: not HOST:PORT, the port is outside 0-65535, or the host is written as
-            an IP address that is none (``999.1.1.1``, ``[::g]``).
-    """
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400, got {value!r}")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if (
-        host.startswith("[") != host.endswith("]")
-        or (":" in bare and bare == host)  # an IPv6 host needs its brackets
-        or any(character.isspace() or character in "[]" for character in bare)
-    ):
-        raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400 or [::1]:9400, got {value!r}")
-    # A host written as an address must be one (999.1.1.1 was refused only at the bind,
-    # after the GPUs were opened); a name is resolved when the socket is bound.
-    try:
-        if host.startswith("["):
-            ipaddress.IPv6Address(bare)
-        elif bare and all(part.isdigit() for part in bare.split(".")):
-            ipaddress.IPv4Address(bare)
-    except ValueError:
-        raise ValueError(f"names no IP address: {bare!r} in {value!r}") from None
-    problem = host_name_problem(bare)
-    if problem is not None:
-        raise ValueError(f"{problem} in {value!r}")
-    return bare or "127.0.0.1", int(port)
 
 
 def short_of(value: float, bound: float) -> bool:
@@ -265,39 +214,7 @@ class EngineConfig(FrozenModel):
 
     max_page_bytes: Annotated[int, Field(ge=1024, le=MAX_ENGINE_PAGE_BYTES)] = 16 * 1024 * 1024
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
-        if any(character.isspace() or ord(character) < 32 for character in value):
-            # http.client refuses it at every scrape: the node sat at the fail-safe.
-            raise ValueError(f"cannot hold spaces or control characters, got {value!r}")
-        try:
-            parts = urllib.parse.urlsplit(value)
-        except ValueError as error:  # a malformed IPv6 host
-            raise ValueError(f"is not a URL ({error}): {value!r}") from None
-        if not parts.hostname:
-            raise ValueError(
-                f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}"
-            )
-        problem = host_name_problem(parts.hostname)
-        if problem is not None:
-            raise ValueError(f"{problem}: {value!r}")
-        if "@" in parts.netloc:
-            # Dropped from every request: each scrape of an engine behind authentication
-            # answered 401, and the node sat at the fail-safe. Not echoed: a password.
-            raise ValueError(
-                "cannot hold credentials (USER:PASSWORD@ before the host): gpugov sends "
-                "none, and would show them in its log lines; give it a metrics URL that "
-                f"needs none, such as {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-                f"{parts.path or '/metrics'}"
-            )
-        try:
-            parts.port  # noqa: B018 - urllib checks the range when the port is read
-        except ValueError:
-            raise ValueError(f"has a port outside 0-65535 or not a number: {value!r}") from None
-        return value
+    _http_url = field_validator("url")(engine_page_url)
 
 
 SLO_WINDOW_LIMIT_S = 31 * 86_400.0
@@ -445,23 +362,7 @@ class ZeusdBackendConfig(FrozenModel):
         DEFAULT_WRITE_TIMEOUT_S
     )
 
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            parts = urllib.parse.urlsplit(value)
-            try:
-                port = parts.port
-            except ValueError:
-                port = None
-            if parts.scheme != "http" or not parts.hostname or port is None:
-                raise ValueError(
-                    f"must be http://HOST:PORT, such as http://127.0.0.1:4938, got {value!r}"
-                )
-            problem = host_name_problem(parts.hostname)
-            if problem is not None:
-                raise ValueError(f"{problem}: {value!r}")
-        return value
+    _http_url = field_validator("url")(zeusd_url)
 
     @model_validator(mode="after")
     def _one_address(self) -> ZeusdBackendConfig:
@@ -496,32 +397,13 @@ class DaemonSection(FrozenModel):
 
     _state_dir_named = field_validator("state_dir", mode="before")(named_directory)
     _record_named = field_validator("record", mode="before")(_named_file)
+    _emulator_url = field_validator("emulator")(emulator_url)
 
     @field_validator("metrics_address")
     @classmethod
     def _host_port(cls, value: str) -> str:
         if value:
             parse_address(value)
-        return value
-
-    @field_validator("emulator")
-    @classmethod
-    def _emulator_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        example = "http://127.0.0.1:8000"
-        if not value.startswith("http://"):
-            raise ValueError(f"must be an http:// URL such as {example}, got {value!r}")
-        try:
-            parts = urllib.parse.urlsplit(value)
-            parts.port  # noqa: B018 (raises on a port out of range)
-        except ValueError as error:
-            raise ValueError(f"must be an http:// URL such as {example}: {error}") from None
-        if not parts.hostname:
-            raise ValueError(f"must name a host, such as {example}, got {value!r}")
-        problem = host_name_problem(parts.hostname)
-        if problem is not None:
-            raise ValueError(f"{problem}: {value!r}")
         return value
 
     @model_validator(mode="before")

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from gpugov.daemon.addresses import parse_address
 from gpugov.daemon.backend import GpuBackend, power_limit_backend
 from gpugov.daemon.cli_outputs import check_not_an_input, check_output_file, controller_files
 from gpugov.daemon.cli_support import UsageError, check_metrics_address
@@ -40,7 +41,6 @@ from gpugov.daemon.config import (
     DomainConfig,
     GpugovConfig,
     controller_state_dir,
-    parse_address,
 )
 from gpugov.daemon.controller_config import POWER_LIMIT_BACKENDS, OnlineMPCControllerConfig
 from gpugov.daemon.errors import (

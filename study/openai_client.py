@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpugov.daemon.config import host_name_problem
+from gpugov.daemon.addresses import host_name_problem
 
 if TYPE_CHECKING:
     import argparse

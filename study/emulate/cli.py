@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def cmd_emulate(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; print the URL once listening."""
+    from gpugov.daemon.addresses import parse_address
     from gpugov.daemon.cli_support import UsageError, load_profile_for_cli, require_positive
-    from gpugov.daemon.config import parse_address
     from gpugov.plant import ServingPlant
     from gpugov.plant.input_files import plain_float
     from gpugov.study.emulate.disaggregated import DisaggregatedNode

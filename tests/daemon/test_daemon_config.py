@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpugov.daemon.config import GpugovConfig, load_config, parse_address, parse_config
+from gpugov.daemon.addresses import parse_address
+from gpugov.daemon.config import GpugovConfig, load_config, parse_config
 from gpugov.daemon.controller_config import controller_kinds
 from gpugov.daemon.errors import ConfigError
 

@@ -24,7 +24,8 @@ import pytest
 from deploytools import DEPLOY, KUBERNETES, REPO, check_config, require_module
 
 from gpugov.cli import build_parser
-from gpugov.daemon.config import parse_address, parse_config
+from gpugov.daemon.addresses import parse_address
+from gpugov.daemon.config import parse_config
 
 yaml = require_module("yaml")
 

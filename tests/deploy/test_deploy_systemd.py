@@ -21,7 +21,8 @@ import pytest
 from deploytools import SYSTEMD, gpugov_executable, require_tool
 
 from gpugov.cli import build_parser
-from gpugov.daemon.config import ActuatorBackendConfig, load_config, parse_address
+from gpugov.daemon.addresses import parse_address
+from gpugov.daemon.config import ActuatorBackendConfig, load_config
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.sd_notify import MIN_WATCHDOG_S
 
