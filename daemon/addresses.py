@@ -64,7 +64,7 @@ def engine_page_url(value: str) -> str:
     """An engine's metrics page (``engine.url``), returned as given.
 
     Raises:
-        ValueError: not an http(s) URL of a host that can be named, with a port in range,
+        ValueError: not an http(s) URL of a host that can be named, with a port in 1-65535,
             or one that holds spaces, control characters or credentials.
     """
     if not value.startswith(("http://", "https://")):
@@ -91,9 +91,10 @@ def engine_page_url(value: str) -> str:
             f"{parts.path or '/metrics'}"
         )
     try:
-        parts.port  # noqa: B018 - urllib checks the range when the port is read
+        port = parts.port  # urllib checks the range when the port is read
     except ValueError:
         raise ValueError(f"has a port outside 0-65535 or not a number: {value!r}") from None
+    _not_port_zero(port, value)
     return value
 
 
@@ -101,7 +102,7 @@ def zeusd_url(value: str | None) -> str | None:
     """zeusd's TCP address (``daemon.zeusd.url``, ``http://HOST:PORT``), returned as given.
 
     Raises:
-        ValueError: not http://HOST:PORT of a host that can be named.
+        ValueError: not http://HOST:PORT of a host that can be named, or at port 0.
     """
     if value is not None:
         parts = urllib.parse.urlsplit(value)
@@ -113,6 +114,7 @@ def zeusd_url(value: str | None) -> str | None:
             raise ValueError(
                 f"must be http://HOST:PORT, such as http://127.0.0.1:4938, got {value!r}"
             )
+        _not_port_zero(port, value)
         problem = host_name_problem(parts.hostname)
         if problem is not None:
             raise ValueError(f"{problem}: {value!r}")
@@ -123,7 +125,7 @@ def emulator_url(value: str | None) -> str | None:
     """``gpugov emulate``'s address (``daemon.emulator``), returned as given.
 
     Raises:
-        ValueError: not an http:// URL of a host that can be named.
+        ValueError: not an http:// URL of a host that can be named, or at port 0.
     """
     if value is None:
         return value
@@ -132,7 +134,7 @@ def emulator_url(value: str | None) -> str | None:
         raise ValueError(f"must be an http:// URL such as {example}, got {value!r}")
     try:
         parts = urllib.parse.urlsplit(value)
-        parts.port  # noqa: B018 (raises on a port out of range)
+        port = parts.port  # raises on a port out of range
     except ValueError as error:
         raise ValueError(f"must be an http:// URL such as {example}: {error}") from None
     if not parts.hostname:
@@ -140,7 +142,16 @@ def emulator_url(value: str | None) -> str | None:
     problem = host_name_problem(parts.hostname)
     if problem is not None:
         raise ValueError(f"{problem}: {value!r}")
+    _not_port_zero(port, value)
     return value
+
+
+def _not_port_zero(port: int | None, value: str) -> None:
+    """Refuse a URL at port 0, which no request reaches (a server asked for port 0 listens
+    on a free port the system picks): every scrape or write to it failed, the engine's
+    domain held at its fail-safe, where ``--engine-url`` refused it."""
+    if port == 0:
+        raise ValueError(f"has port 0, which no request reaches: {value!r}")
 
 
 __all__ = ["emulator_url", "engine_page_url", "host_name_problem", "parse_address", "zeusd_url"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -357,6 +358,24 @@ def test_addresses_and_paths_no_system_call_takes_are_config_errors(
     # check-config said OK (or raised), and run crashed on them.
     with pytest.raises(ConfigError, match=message):
         parse_config({"daemon": daemon, "domains": [{"name": "llm", "gpus": [0]}]})
+
+
+@pytest.mark.parametrize(
+    ("daemon", "domain", "field"),
+    [
+        ({}, {"engine": {"url": "http://127.0.0.1:0/metrics"}}, "domains[0].engine.url"),
+        ({"backend": "emulated", "emulator": "http://127.0.0.1:0"}, {}, "daemon.emulator"),
+        ({"backend": "zeusd", "zeusd": {"url": "http://127.0.0.1:0"}}, {}, "daemon.zeusd.url"),
+    ],
+    ids=["engine", "emulator", "zeusd"],
+)
+def test_a_url_at_port_0_is_a_config_error(
+    daemon: dict[str, object], domain: dict[str, object], field: str
+) -> None:
+    # Port 0 reaches nothing: check-config said OK and every scrape or write failed (the
+    # engine's domain sat at its fail-safe), where --engine-url refused it.
+    with pytest.raises(ConfigError, match=re.escape(field) + ": .*port 0"):
+        parse_config({"daemon": daemon, "domains": [{"name": "llm", "gpus": [0], **domain}]})
 
 
 @pytest.mark.parametrize(
