@@ -193,6 +193,20 @@ def default_write_timeout_s(period_s: float) -> float:
     return min(DEFAULT_WRITE_TIMEOUT_S, ENGINE_TIMEOUT_PERIOD_SHARE * period_s)
 
 
+def _period_taken(value: Any) -> float | None:
+    """``daemon.period_s`` as a file (or a model) gives it, when the field takes it (a
+    finite number of seconds within the bounds), else None: the defaults filled from the
+    period before validation are left out, and the field's validator says what is wrong."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or finite_number(value) is None
+        or not MIN_PERIOD_S <= value <= MAX_PERIOD_S
+    ):
+        return None
+    return float(value)
+
+
 def default_engine_timeout_s(period_s: float) -> float:
     """The scrape deadline when the config sets none: 0.5 s, or half the period when
     that is shorter (``period_s = 0.5`` gives 0.25 s), so a hung engine never stalls
@@ -414,15 +428,10 @@ class DaemonSection(FrozenModel):
         against the period below)."""
         if not isinstance(data, dict) or "period_s" not in data:
             return data  # the 1 s default period: the 0.25 s default timeouts
-        period = data["period_s"]
-        if (
-            isinstance(period, bool)
-            or not isinstance(period, int | float)
-            or finite_number(period) is None
-            or not MIN_PERIOD_S <= period <= MAX_PERIOD_S
-        ):
+        period = _period_taken(data["period_s"])
+        if period is None:
             return data  # the field validators report what is wrong
-        timeout = default_write_timeout_s(float(period))
+        timeout = default_write_timeout_s(period)
         filled = dict(data)
         for name in ("actuator", "zeusd"):
             section = data.get(name, {} if name == "actuator" else None)
@@ -541,16 +550,11 @@ class GpugovConfig(FrozenModel):
         if isinstance(daemon, dict):
             period = daemon.get("period_s", DaemonSection.model_fields["period_s"].default)
         domains = data.get("domains")
-        if (
-            isinstance(period, bool)
-            or not isinstance(period, int | float)
-            or not isinstance(domains, list | tuple)
-            or finite_number(period) is None
-            or not MIN_PERIOD_S <= period <= MAX_PERIOD_S
-        ):
+        taken = _period_taken(period)
+        if taken is None or not isinstance(domains, list | tuple):
             return data  # the field validators report what is wrong
-        timeout = default_engine_timeout_s(float(period))
-        window = max(DEFAULT_SLO_WINDOW_S, SLO_WINDOW_PERIODS * float(period))
+        timeout = default_engine_timeout_s(taken)
+        window = max(DEFAULT_SLO_WINDOW_S, SLO_WINDOW_PERIODS * taken)
         filled: list[Any] = []
         for domain in domains:
             if isinstance(domain, dict):
