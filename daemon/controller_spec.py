@@ -119,11 +119,11 @@ def load_factory(reference: str) -> Any:
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
         ) from None
-    except KeyboardInterrupt:
-        raise
     except BaseException as error:  # a module that exits on import (a script) is no factory
-        from gpugov.daemon.deadline import escape_text
+        from gpugov.daemon.deadline import ctrl_c, escape_text
 
+        if ctrl_c(error):
+            raise
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: "
             f"it {escape_text(error)}"

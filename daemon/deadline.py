@@ -107,6 +107,16 @@ def escape_text(error: BaseException) -> str:
     return f"raised {error!r}"
 
 
+def ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` is a Ctrl-C to let through: a KeyboardInterrupt raised on the main
+    thread. No signal reaches another thread (a node's start, a decision's worker): a
+    KeyboardInterrupt there is the running code's own, a failure like a ``sys.exit()``."""
+    return (
+        isinstance(error, KeyboardInterrupt)
+        and threading.current_thread() is threading.main_thread()
+    )
+
+
 class EscapedCall(RuntimeError):
     """A call on a worker thread raised what is no ``Exception`` (``sys.exit()``, a
     GeneratorExit, an asyncio CancelledError, a KeyboardInterrupt its own code raised):
@@ -725,5 +735,6 @@ __all__ = [
     "ReadTimeout",
     "SerialCalls",
     "WriteTimeout",
+    "ctrl_c",
     "escape_text",
 ]

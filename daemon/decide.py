@@ -404,11 +404,11 @@ def _external(spec: ExternalControllerConfig, context: ControllerContext) -> Clo
         controller = factory(dataclasses.replace(context, plant=None, plan=None))
     except Exception as error:  # an outside factory: report any failure in one line
         raise ControllerError(f"controller factory {spec.factory!r} raised: {error}") from error
-    except KeyboardInterrupt:
-        raise
     except BaseException as error:  # sys.exit(), GeneratorExit: its failure, not gpugov's exit
-        from gpugov.daemon.deadline import escape_text
+        from gpugov.daemon.deadline import ctrl_c, escape_text
 
+        if ctrl_c(error):
+            raise
         raise ControllerError(f"controller factory {spec.factory!r} {escape_text(error)}") from None
     if not callable(controller):
         raise ControllerError(

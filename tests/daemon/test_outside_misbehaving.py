@@ -423,6 +423,52 @@ def test_sys_exit_in_a_factory_or_its_import_is_one_line_before_any_work(
     assert expected in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "def make(context):\n    raise KeyboardInterrupt\n",
+            "controller factory 'interrupting_factory:make' raised KeyboardInterrupt()",
+        ),
+        (
+            "raise KeyboardInterrupt\n",
+            "controller factory 'interrupting_factory:make': cannot import "
+            "'interrupting_factory': it raised KeyboardInterrupt()",
+        ),
+    ],
+    ids=["in-the-factory", "at-import"],
+)
+def test_a_keyboard_interrupt_a_factory_raises_off_the_main_thread_is_its_failure(
+    module_on_path: Callable[[str, str], str], source: str, expected: str
+) -> None:
+    """A node builds its controllers on a start thread, which no signal reaches: a
+    KeyboardInterrupt a factory (or its import) raises there is the factory's own, one
+    line naming it, where it stopped the start as a Ctrl-C ('gpugov: interrupted', exit
+    130, nothing naming the factory). On the main thread it stays Ctrl-C's."""
+    import threading
+
+    from gpugov.daemon.errors import ControllerError
+
+    module_on_path("interrupting_factory", source)
+    context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS)
+    raised: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            build_controller(parse_controller_spec("interrupting_factory:make"), context)
+        except BaseException as error:  # the outcome, whatever it is
+            raised.append(error)
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    worker.join(60)
+    # The spec's reading imports the module (ValueError); the build calls the factory.
+    assert len(raised) == 1 and isinstance(raised[0], ControllerError | ValueError), raised
+    assert expected in str(raised[0])
+    with pytest.raises(KeyboardInterrupt):
+        build_controller(parse_controller_spec("interrupting_factory:make"), context)
+
+
 # ------------------------------------------------------------------ entry points
 def _install(site: Path, package: str, entries: dict[str, str]) -> None:
     """A distribution ``package`` on ``site`` registering ``entries`` in the group."""
