@@ -260,23 +260,28 @@ class PlantSimulation:
             ValueError: a length is not a positive integer, or the request cannot fit
                 the KV cache.
         """
-        if prompt_tokens + output_tokens > self.plant.kv_capacity_tokens:
+        index = len(self._arrival)
+        prompt, output = int(prompt_tokens), int(output_tokens)
+        if (prompt, output) != (prompt_tokens, output_tokens):
+            raise ValueError(
+                f"request lengths must be whole tokens, got {prompt_tokens!r} and {output_tokens!r}"
+            )
+        request = Request(index, self.time_s, prompt, output)
+        if prompt + output > self.plant.kv_capacity_tokens:
             raise ValueError(
                 f"{prompt_tokens} + {output_tokens} KV tokens exceed the plant's "
                 f"kv_capacity_tokens={self.plant.kv_capacity_tokens}"
             )
-        index = len(self._arrival)
-        request = Request(index, self.time_s, int(prompt_tokens), int(output_tokens))
         if not isinstance(self.requests, list):
             self.requests = list(self.requests)  # type: ignore[assignment]
         self.requests.append(request)  # type: ignore[attr-defined]
         self._arrival.append(self.time_s)
-        self._prompt.append(int(prompt_tokens))
-        self._output.append(int(output_tokens))
+        self._prompt.append(prompt)
+        self._output.append(output)
         self._first_token.append(None)
         self._finish.append(None)
         self._generated.append(0)
-        self._prefill_len.append(int(prompt_tokens))
+        self._prefill_len.append(prompt)
         self._preemptions.append(0)
         self._epoch.append(0)
         self.energy_ledger.add_request()

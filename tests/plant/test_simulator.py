@@ -649,3 +649,16 @@ def test_a_thermal_limit_below_the_lowest_clocks_draw_is_held_by_slowing() -> No
     assert settled.size and float(np.max(settled)) < limit_c + 0.1
     split = metrics.prefill_energy_j + metrics.decode_energy_j + metrics.idle_energy_j
     assert split == pytest.approx(metrics.energy_j, rel=1e-9)
+
+
+@pytest.mark.parametrize(("prompt", "output"), [(2.5, 3), (64, 0), (0, 4), (64, -1)])
+def test_a_request_added_online_with_a_length_that_is_no_positive_whole_token_is_refused(
+    plant, prompt, output
+) -> None:  # type: ignore[no-untyped-def]
+    """``add_request`` refuses a fractional, zero or negative length (it took 2.5 prompt
+    tokens as 2 and checked the KV cache with 2.5) and leaves the workload as it was."""
+    simulation = PlantSimulation((), plant)
+    with pytest.raises(ValueError):
+        simulation.add_request(prompt, output)
+    assert len(simulation.requests) == 0
+    assert simulation.add_request(64, 4) == 0
