@@ -298,7 +298,6 @@ class ClockActuator(LockReconcile, ExitResets):
             more, kept = self._lock_planned(rest, clock_mhz, before)
             written += more + self._not_split(planned, kept, clock_mhz)
         if written:
-            self.writes += written
             log.debug("domain %s: locked SM clock at %d MHz", self.domain, clock_mhz)
         return written
 
@@ -357,9 +356,8 @@ class ClockActuator(LockReconcile, ExitResets):
             return 0
 
         def refused(writer: ClockWriter, error: GpuError) -> None:
-            """The lock failed for good: counted; its clock unknown, or none was held."""
+            """The lock failed for good: its clock unknown, or none was held."""
             label = writer.label
-            writer.count_failure()
             if before[label] is None and isinstance(error, PermissionDenied | NotSupported):
                 # Refused, so nothing was written, on a GPU that held no lock of
                 # ours: nothing for the exit to reset (nor to report as still locked).
@@ -369,8 +367,6 @@ class ClockActuator(LockReconcile, ExitResets):
 
         written, fatal = self._take_outcomes(planned, before, transient, on_fatal=refused)
         if fatal is not None:
-            if written:
-                self.writes += written
             raise fatal
         return written, kept
 
@@ -401,12 +397,11 @@ class ClockActuator(LockReconcile, ExitResets):
             writer.failed("reset" if wanted is None else "lock", error)
             return 0
 
-        written, _ = self._take_outcomes(
-            back_planned,
-            dict.fromkeys((writer.label for writer in lowered), clock_mhz),
-            transient,
-            fatal_at_once=True,
+        written, fatal = self._take_outcomes(
+            back_planned, dict.fromkeys((writer.label for writer in lowered), clock_mhz), transient
         )
+        if fatal is not None:
+            raise fatal
         if not self._rollback_logged:
             self._rollback_logged = True
             log.warning(
@@ -428,7 +423,6 @@ class ClockActuator(LockReconcile, ExitResets):
         transient: Callable[[ClockWriter, tuple[int, int] | None, TransientGpuError], int],
         *,
         on_fatal: Callable[[ClockWriter, GpuError], None] | None = None,
-        fatal_at_once: bool = False,
     ) -> tuple[int, GpuError | None]:
         """Make the writes ``planned`` (:meth:`_write_together`) and take each outcome, the
         one way :meth:`apply`'s locks, their rollback and :meth:`unlock`'s resets do.
@@ -436,9 +430,11 @@ class ClockActuator(LockReconcile, ExitResets):
         A write that went through is remembered (:meth:`_holds`); one past its deadline
         hangs that GPU (:meth:`_write_hung`, from the lock ``before`` it); one that failed
         for now is handed to ``transient`` (the GPU's writer, the range written, the
-        error), which returns the writes its fallback made. A fatal error is handed to
-        ``on_fatal``, then raised at once without a deadline (or with ``fatal_at_once``),
-        else kept until every write started has its outcome.
+        error), which returns the writes its fallback made. A fatal error is counted and
+        handed to ``on_fatal``, then raised at once without a deadline (the writes are
+        made one after another, so none other has started), else kept until every write
+        started has its outcome. The writes that went through are added to ``writes``
+        here, also when a fatal error is raised.
 
         Returns:
             The writes that went through (the fallbacks' included), and the first fatal
@@ -459,17 +455,18 @@ class ClockActuator(LockReconcile, ExitResets):
                 written += transient(writer, wanted, error)
                 continue
             except GpuError as error:
-                if fatal_at_once:
-                    raise
+                writer.count_failure()
                 if on_fatal is not None:
                     on_fatal(writer, error)
                 if writer.deadline_s is None:
+                    self.writes += written
                     raise
                 fatal = fatal or error  # raised once every write started has its outcome
                 continue
             writer.succeeded()
             self._holds(writer.backend, wanted)
             written += 1
+        self.writes += written
         return written, fatal
 
     def _write_together(
@@ -643,7 +640,6 @@ class ClockActuator(LockReconcile, ExitResets):
             return self._top_instead(writer.backend)
 
         written, fatal = self._take_outcomes(planned, before, transient)
-        self.writes += written
         if fatal is not None:
             raise fatal
         return written

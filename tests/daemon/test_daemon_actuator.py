@@ -290,3 +290,45 @@ def test_a_lowering_failing_on_one_gpu_of_a_group_never_leaves_it_split(
         fake.gpus[2].lock_error = fp.NVML_ERROR_TIMEOUT
         actuator.apply(900)
         assert _locks(fake) == [None, None, (1980, 1980), None]
+
+
+def test_a_reset_lost_for_good_counts_the_resets_made_before_it_and_its_own_failure() -> None:
+    """``unlock`` off a node (its resets one after another): GPU 0's reset went through
+    before GPU 1's was refused for good; both are counted (it lost the first and the
+    failure was no write failure)."""
+    fake = FakeNvml(2)
+    fake.nvmlInit()
+    with ClockActuator(_backends(fake)) as actuator:
+        assert actuator.apply(900) == 2
+        fake.lose(1)
+        with pytest.raises(GpuLost):
+            actuator.unlock()
+        assert fake.locked(0) is None
+        assert actuator.writes == 3
+        assert actuator.write_failures == {"0": 0, "1": 1}
+
+
+def test_a_rollback_refused_for_good_on_one_gpu_takes_every_other_outcome_first() -> None:
+    """A node's rollback after a lowering failed for now on GPU 0: GPU 1's write back is
+    refused for good, GPU 2's goes through; that is counted before the error is raised
+    (it was raised at once, and no write of the round counted)."""
+    fake = FakeNvml(3)
+    fake.nvmlInit()
+    real_lock = fake.nvmlDeviceSetGpuLockedClocks
+    calls: dict[int, int] = {}
+
+    def lock(handle: fp.FakeGpu, low: int, high: int) -> None:
+        calls[handle.index] = calls.get(handle.index, 0) + 1
+        if handle.index == 1 and calls[1] == 3:  # its lock, its lowering, then its rollback
+            raise fp.NVMLError(fp.NVML_ERROR_GPU_IS_LOST)
+        real_lock(handle, low, high)
+
+    fake.nvmlDeviceSetGpuLockedClocks = lock  # type: ignore[method-assign]
+    with ClockActuator(_backends(fake), domain="tp3", write_deadline_s=2.0) as actuator:
+        assert actuator.apply(1800) == 3
+        fake.gpus[0].lock_error = fp.NVML_ERROR_TIMEOUT
+        with pytest.raises(GpuLost):
+            actuator.apply(900)
+        assert fake.locked(2) == (1800, 1800)  # back with GPU 0, the group not split
+        assert actuator.writes == 3 + 2 + 1
+        assert actuator.write_failures == {"0": 1, "1": 1, "2": 0}
