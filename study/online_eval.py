@@ -19,6 +19,7 @@ from gpugov.controllers.online.controller import REFERENCE_BATCH, OnlineMPCContr
 from gpugov.controllers.oracles.common import oracle_capture
 from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult
 from gpugov.plant.types import ClockController, Request
+from gpugov.study.markdown import scenario_title
 
 WARMUP_S = 300.0
 """The issue's warm-up: capture is also reported over what follows the first 5 minutes."""
@@ -287,7 +288,7 @@ def online_model_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         other = fast.get(row["scenario"], {})
         error = row.get("model_error") or {}
         lines.append(
-            f"| {row['scenario'].replace('|', ' / ')} | {'yes' if row['holds_slo'] else 'no'} | "
+            f"| {scenario_title(row, 'scenario')} | {'yes' if row['holds_slo'] else 'no'} | "
             f"{fmt(row.get('oracle_capture'))} ({fmt(other.get('oracle_capture'))}) | "
             f"{fmt(row.get('oracle_capture_after_warmup'))} "
             f"({fmt(other.get('oracle_capture_after_warmup'))}) | "

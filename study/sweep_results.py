@@ -14,6 +14,7 @@ from gpugov.daemon.controller_spec import canonical_controller_name
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import InputFileError, append_line, loads_json, read_input_bytes
 from gpugov.plant.input_files import finite_number
+from gpugov.study.markdown import markdown_text
 
 if TYPE_CHECKING:
     from gpugov.study.sweep import SweepCell
@@ -228,8 +229,7 @@ def _name(value: Any, *, markdown: bool) -> str:
     """A trace, profile or controller as a table cell: one printable line (a file name
     may hold a newline or an escape sequence), its ``|`` escaped in markdown, where it
     would end the cell and push the row's figures into the wrong columns."""
-    text = printable(str(value))
-    return text.replace("|", "\\|") if markdown else text
+    return markdown_text(value) if markdown else printable(str(value))
 
 
 def format_table(table: Sequence[Mapping[str, Any]], *, markdown: bool = False) -> str:

@@ -58,6 +58,7 @@ from gpugov.plant.disaggregated_layout import ROLES, DisaggregatedPlant, PoolSpe
 from gpugov.plant.synthetic_profiles import resolve_profile
 from gpugov.plant.types import ClockController, Request
 from gpugov.plant.workload import TraceError
+from gpugov.study.markdown import markdown_text, scenario_title
 from gpugov.study.runners import (
     CellProgress,
     RunnerSpec,
@@ -723,7 +724,7 @@ def markdown(payload: dict[str, Any]) -> str:
             continue
         pools = (bound or {}).get("pools", {})
         references.append(
-            f"| {info['key'].replace('|', ' / ')} | {info.get('oracle') or '-'} "
+            f"| {scenario_title(info)} | {info.get('oracle') or '-'} "
             f"| {'-' if oracle is None else oracle['source']} "
             f"| {'-' if oracle is None else oracle['candidate_runs']} "
             f"| {_kilojoules(pools.get('prefill'))} | {_kilojoules(pools.get('decode'))} "
@@ -741,7 +742,7 @@ def markdown(payload: dict[str, Any]) -> str:
             label = "best-fixed (hindsight)"
             pair = row["best_fixed_pair"]
             pairs.append(
-                f"| {row['scenario'].replace('|', ' / ')} "
+                f"| {scenario_title(row, 'scenario')} "
                 f"| {pair['clocks_mhz']['prefill']:g} | {pair['clocks_mhz']['decode']:g} "
                 f"| {pair['single_pool_mhz']['prefill']:g} "
                 f"| {pair['single_pool_mhz']['decode']:g} | {pair['simulations']} |"
@@ -750,7 +751,7 @@ def markdown(payload: dict[str, Any]) -> str:
         tpot = row["tpot_p95_s"]
         ttft = row["ttft_p95_s"]
         lines.append(
-            f"| {row['scenario'].replace('|', ' / ')} | {label} "
+            f"| {scenario_title(row, 'scenario')} | {label} "
             f"| {_percent(row['energy_saved_fraction'])} "
             f"| {_percent(pools['prefill']['energy_saved_fraction'])} "
             f"| {_percent(pools['decode']['energy_saved_fraction'])} "
@@ -786,7 +787,9 @@ def markdown(payload: dict[str, Any]) -> str:
             *references,
         ]
     for item in payload["skipped"]:
-        lines.append(f"\nSkipped {item['scenario']}: {item['reason']}")
+        lines.append(
+            f"\nSkipped {markdown_text(item['scenario'])}: {markdown_text(item['reason'])}"
+        )
     return "\n".join(lines) + "\n"
 
 

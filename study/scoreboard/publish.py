@@ -28,6 +28,7 @@ from gpugov import __version__
 from gpugov.daemon.files import json_safe, write_files_atomic
 from gpugov.plant import ServingResult
 from gpugov.plant.attribution import ENERGY_DEFINITIONS, energy_summary
+from gpugov.study.markdown import markdown_text, scenario_title
 from gpugov.study.provenance import LIBRARIES
 from gpugov.study.scoreboard.report import (
     cell,
@@ -385,7 +386,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     ]
     for name, info in report["profiles"].items():
         lines.append(
-            f"| {name} | {info.get('status', '-')} | {info.get('source', '-')} | "
+            f"| {markdown_text(name)} | {info.get('status', '-')} | "
+            f"{markdown_text(info.get('source', '-'))} | "
             f"`{info.get('profile_csv_sha256') or '-'}` | `{info.get('manifest_sha256') or '-'}` |"
         )
     lines += [
@@ -398,14 +400,19 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     ]
     for s in report["scenarios"]:
         lines.append(
-            f"| {s['key']} | {s['requests']} | {cell(s.get('scenario_duration_s'), 1, 0, ' s')} "
+            f"| {scenario_title(s)} | {s['requests']} | "
+            f"{cell(s.get('scenario_duration_s'), 1, 0, ' s')} "
             f"| {cell(s.get('load_scale'), 1, 3)} | {cell(s.get('utilization'), 100, 0, '%')} | "
             f"`{s.get('trace_sha256') or '-'}` | `{s.get('workload_checksum') or '-'}` |"
         )
     if report["skipped"]:
         lines += [
             "",
-            "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in report["skipped"]),
+            "Skipped: "
+            + "; ".join(
+                f"{markdown_text(s['scenario'])} ({markdown_text(s['reason'])})"
+                for s in report["skipped"]
+            ),
         ]
     failed = failed_controller_lines(report["failed_rows"])
     if failed:
@@ -437,7 +444,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     for s in report["scenarios"]:
         lines += [
             "",
-            f"## {s['key']}",
+            f"## {scenario_title(s)}",
             "",
             f"Oracle: {s.get('oracle') or 'none holds'}; best fixed clock "
             f"{cell(s.get('best_fixed_clock_mhz'), 1, 0, ' MHz')}; maximum clock's SLO "

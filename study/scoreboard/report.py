@@ -13,7 +13,9 @@ import numpy as np
 from gpugov.controllers.oracles import (
     SLO_TOLERANCE,
 )
+from gpugov.daemon.errors import printable
 from gpugov.daemon.files import json_safe, write_files_atomic
+from gpugov.study.markdown import markdown_text
 from gpugov.study.online_eval import (
     online_model_lines,
 )
@@ -178,7 +180,8 @@ def cell(value: Any, scale: float = 1.0, digits: int = 2, suffix: str = "") -> s
 def _trace(info: dict[str, Any]) -> str:
     """A scenario's trace, with its window's start for a held-out window (``--windows``)."""
     start = info.get("window_start_s")
-    return info["trace"] if start is None else f"{info['trace']} @{start:g} s"
+    trace = markdown_text(info["trace"])
+    return trace if start is None else f"{trace} @{start:g} s"
 
 
 def _chain_line(config: dict[str, Any]) -> str:
@@ -243,7 +246,11 @@ def markdown(payload: dict[str, Any]) -> str:
     ]
     if payload["skipped"]:
         lines.append(
-            "Skipped: " + "; ".join(f"{s['scenario']} ({s['reason']})" for s in payload["skipped"])
+            "Skipped: "
+            + "; ".join(
+                f"{markdown_text(s['scenario'])} ({markdown_text(s['reason'])})"
+                for s in payload["skipped"]
+            )
         )
         lines.append("")
     failed = failed_controller_lines(payload.get("failed_rows", ()))
@@ -278,7 +285,8 @@ def markdown(payload: dict[str, Any]) -> str:
             "",
             "## MPC solvers on the same decision points",
             "",
-            f"Scenario `{comparison['scenario']}`, {comparison['points']} decision points, "
+            f"Scenario `{printable(comparison['scenario'])}`, {comparison['points']} decision "
+            "points, "
             f"{comparison['horizon_steps']}-step horizon: the fast solver is no worse on "
             f"{cell(comparison['fraction_no_worse'], 100, 1, '%')} of points, worst relative "
             f"excess {cell(comparison['worst_relative_excess'], 100, 3, '%')}; p99 solve "
@@ -328,7 +336,7 @@ def markdown(payload: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {_trace(info)} | {info['profile']} | {info['load_label']} | "
+            f"| {_trace(info)} | {markdown_text(info['profile'])} | {info['load_label']} | "
             f"{cell(info['utilization'], 100, 0, '%')} | "
             f"{cell(info['max_clock_slo_attainment'], 100, 1, '%')} | "
             + " | ".join(cells)
@@ -338,7 +346,7 @@ def markdown(payload: dict[str, Any]) -> str:
     for info in payload["scenarios"]:
         bound = info["lp_bound"]
         lines += [
-            f"### {_trace(info)} / {info['profile']} / {info['load_label']}",
+            f"### {_trace(info)} / {markdown_text(info['profile'])} / {info['load_label']}",
             "",
             f"{info['requests']} requests over {info['scenario_duration_s']:.0f} s "
             f"(source {info['source_start_s']:.0f} s + {info['source_duration_s']:.0f} s, "
@@ -470,8 +478,8 @@ def failed_controller_lines(failed: Sequence[dict[str, Any]]) -> list[str]:
     for entry in failed:
         by_controller.setdefault(entry["controller"], []).append(entry)
     return [
-        f"{controller} failed on {len(entries)} scenario(s), first {entries[0]['scenario']}: "
-        f"{entries[0]['error']}"
+        f"{controller} failed on {len(entries)} scenario(s), first "
+        f"{printable(entries[0]['scenario'])}: {printable(entries[0]['error'])}"
         for controller, entries in by_controller.items()
     ]
 

@@ -7,6 +7,7 @@ import argparse
 import csv
 import hashlib
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -20,6 +21,7 @@ from study_support import run_main
 from gpugov.plant.profile_files import bundled_profile_dir
 from gpugov.plant.types import RequestRecord
 from gpugov.plant.workload import resolve_trace
+from gpugov.study.markdown import markdown_text, scenario_title
 from gpugov.study.scoreboard import command, publish
 from gpugov.study.scoreboard import report as scoreboard_report
 from gpugov.study.scoreboard import run as scoreboard
@@ -142,6 +144,60 @@ def test_pareto_csv_has_one_line_per_row_and_scenario(
             row["energy_saved_fraction"], abs=1e-6
         )
         assert line["holds_slo"] == str(int(row["holds_slo"]))
+
+
+_CELL_EDGE = re.compile(r"(?<!\\)\|")
+"""A ``|`` that ends a markdown table cell (an escaped ``\\|`` is text in the cell)."""
+
+
+def _misaligned_rows(markdown: str) -> list[str]:
+    """The table rows of ``markdown`` whose cells are not as many as their header's."""
+    misaligned: list[str] = []
+    width: int | None = None
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(_CELL_EDGE.findall(line)) - 1
+        if width is None:
+            width = cells
+        elif cells != width:
+            misaligned.append(line)
+    return misaligned
+
+
+def test_report_tables_keep_their_columns_whatever_the_trace_is_named(
+    tiny_report: tuple[Path, int, str, str],
+) -> None:
+    """Every table row of report.md and scoreboard.md has its header's cells. A scenario's
+    key joins its trace, profile and load with ``|``: report.md's scenario table wrote it
+    as it is, three cells too many, so each figure stood under the wrong header; and a
+    trace whose file name holds a ``|`` or a newline split the rows of both files."""
+    report, code, _, stderr = tiny_report
+    assert code == 0, stderr
+    assert _misaligned_rows((report / "report.md").read_text()) == []
+    text = (report / "report.json").read_text()
+    board = (report / "scoreboard.json").read_text()
+    trace = json.dumps(_strict_load(text)["scenarios"][0]["trace"])[1:-1]
+    odd = "my|trace\\nfile.csv"  # a |, and a newline as JSON writes it
+    data = _strict_load(text.replace(trace, odd))
+    payload = _strict_load(board.replace(trace, odd))
+    assert data["scenarios"][0]["trace"] == "my|trace\nfile.csv"
+    for markdown in (publish.report_markdown(data), scoreboard_report.markdown(payload)):
+        assert _misaligned_rows(markdown) == []
+        assert "my\\|trace\\nfile.csv / " in markdown  # the name as written, one line
+
+
+def test_a_scenario_title_keeps_a_pipe_in_a_name_as_text() -> None:
+    """A scenario's trace, profile and load, a held-out window's start and a layout, joined
+    by ' / ' with each name's | escaped; split at each | of its key, a trace a|b.csv read
+    'a / b.csv'."""
+    row = {"scenario": "a|b.csv|p|cap70@60|1P1D", "trace": "a|b.csv", "profile": "p"}
+    assert scenario_title(row, "scenario") == "a\\|b.csv / p / cap70@60 / 1P1D"
+    assert scenario_title({"key": "t|p|recorded", "trace": "t", "profile": "p"}) == (
+        "t / p / recorded"
+    )
+    assert markdown_text("x|y\nz") == "x\\|y\\nz"
 
 
 def test_the_recorded_command_reproduces_the_report(
