@@ -43,6 +43,7 @@ _TOKEN_COUNTERS = (
     "prompt_tokens_external_total",
 )
 _REQUEST_COUNTERS = (
+    "prompt_requests_total",
     "finished_requests_total",
     "arrived_requests_total",
     "preemptions_total",

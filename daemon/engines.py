@@ -59,6 +59,12 @@ class EngineSample:
     """Which engines those are: the label sets, rank labels left out, of the page's
     running and waiting gauges (:func:`shown_engines`); None where no page was read."""
     prompt_tokens_total: float | None = None
+    prompt_requests_total: float | None = None
+    """The requests whose prompts ``prompt_tokens_total`` holds, which its mean prompt is
+    over: the first tokens where the engine counts a prompt once prefilled (vLLM,
+    SGLang's older collector), the finished requests where it counts one as its request
+    finishes (SGLang since its collector rewrite), the validated requests where it counts
+    one as it arrives (TGI's ``tgi_request_input_length_count``); None where not known."""
     generation_tokens_total: float | None = None
     finished_requests_total: float | None = None
     arrived_requests_total: float | None = None
@@ -288,6 +294,11 @@ class EngineSpec:
     """Gauges of requests in neither the running nor the waiting gauge that wait to run
     again (vLLM V0's requests swapped to CPU memory): added to the waiting count."""
     prompt_tokens: tuple[str, ...] = ()
+    prompt_requests: tuple[str, ...] = ()
+    """Counters of the requests whose prompts the prompt counter holds, where it counts a
+    prompt neither at its first token nor at its request's end (TGI: as it validates it);
+    elsewhere those are the TTFT count, or the finished requests
+    (:attr:`prompt_tokens_at_finish`)."""
     generation_tokens: tuple[str, ...] = ()
     finished: tuple[str, ...] = ()
     arrived: tuple[str, ...] = ()
@@ -334,6 +345,7 @@ class EngineSpec:
             self.waiting,
             self.waiting_also,
             self.prompt_tokens,
+            self.prompt_requests,
             self.generation_tokens,
             self.finished,
             self.arrived,
@@ -461,6 +473,7 @@ TGI = EngineSpec(
     running=("tgi_batch_current_size",),
     waiting=("tgi_queue_size",),
     prompt_tokens=("tgi_request_input_length_sum",),
+    prompt_requests=("tgi_request_input_length_count",),
     generation_tokens=("tgi_request_generated_tokens_sum",),
     finished=("tgi_request_success", "tgi_request_success_total"),
     arrived=("tgi_request_count", "tgi_request_count_total"),
@@ -746,8 +759,16 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
     prompt_lengths = _buckets(series, spec.request_prompt_tokens, source)
     output_lengths = _buckets(series, spec.request_generation_tokens, source)
     finished_generation = _histogram(series, spec.finished_generation)
+    prompts_at_finish = spec.prompt_tokens_at_finish and finished_generation is None
     steps = _histogram(series, spec.iterations)
     engines, labels = shown_engines(series, spec)
+    ttft = _histogram(series, spec.ttft)
+    finished = _first(series, spec.finished)
+    prompt_requests = _first(series, spec.prompt_requests)
+    if prompts_at_finish:
+        prompt_requests = finished
+    elif prompt_requests is None and ttft is not None:
+        prompt_requests = ttft.count
     sample = EngineSample(
         engine=spec.kind,
         running_requests=round(running),
@@ -755,11 +776,12 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         engines=engines,
         engine_labels=labels,
         prompt_tokens_total=_first(series, spec.prompt_tokens),
+        prompt_requests_total=prompt_requests,
         generation_tokens_total=_first(series, spec.generation_tokens),
-        finished_requests_total=_first(series, spec.finished),
+        finished_requests_total=finished,
         arrived_requests_total=_first(series, spec.arrived),
         preemptions_total=_first(series, spec.preemptions),
-        ttft=_histogram(series, spec.ttft),
+        ttft=ttft,
         tpot=_histogram(series, spec.tpot),
         ttft_buckets=None if ttft_buckets is None else ttft_buckets[1],
         tpot_buckets=None if tpot_buckets is None else tpot_buckets[1],
@@ -776,7 +798,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         finished_generation_tokens_total=(
             None if finished_generation is None else finished_generation.sum_s
         ),
-        prompt_tokens_at_finish=spec.prompt_tokens_at_finish and finished_generation is None,
+        prompt_tokens_at_finish=prompts_at_finish,
         iterations_total=None if steps is None else steps.count,
         iteration_tokens_total=_first(series, [f"{base}_sum" for base in spec.step_tokens]),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),

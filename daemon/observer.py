@@ -616,7 +616,8 @@ class DomainObserver:
             arrived = (finished or 0.0) + engine.waiting_requests + engine.running_requests
         arrived = self.in_flight.arrived_since_start(arrived, engine)
         mean_prompt = (
-            _ratio(engine.prompt_tokens_total, engine.ttft.count if engine.ttft else None)
+            _ratio(engine.prompt_tokens_total, engine.prompt_requests_total)
+            or _ratio(engine.prompt_tokens_total, engine.ttft.count if engine.ttft else None)
             or _ratio(engine.prompt_tokens_total, finished)
             or self.mean_prompt_tokens
         )
