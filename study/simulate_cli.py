@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,17 @@ def _generated_profile(spec: str) -> PerformanceProfile | None:
         raise UsageError(f"--profile: {error}") from None
 
 
+def _failed_output(error: OSError, *outputs: tuple[str, str | None]) -> tuple[str, str]:
+    """The flag and the path as given of the output a failed write names (it names a
+    link's target, not the link), so that the error line blames the right flag."""
+    failed = os.path.realpath(error.filename) if error.filename else None
+    given = [(flag, path) for flag, path in outputs if path]
+    for flag, path in given:
+        if os.path.realpath(path) == failed:
+            return flag, path
+    return given[0] if given else ("--out", str(error.filename))
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """Entry point of ``gpugov simulate``."""
     args.control_period = control_period_of(args.control_period, args.controller)
@@ -312,10 +324,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         write_files_atomic(outputs)
     except OSError as error:
-        flag = "--out" if args.out and error.filename == str(Path(args.out)) else "--plot"
-        return fail(
-            f"{flag} {error.filename}: cannot write: {error.strerror or error}", ExitCode.FAILURE
-        )
+        flag, path = _failed_output(error, ("--out", args.out), ("--plot", args.plot))
+        return fail(f"{flag} {path}: cannot write: {error.strerror or error}", ExitCode.FAILURE)
     written = [str(path) for path in outputs]
     print(format_summary(metrics, title))
     print(energy_lines(energy))

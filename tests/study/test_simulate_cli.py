@@ -468,3 +468,50 @@ def test_the_out_file_names_every_setting_that_changes_its_figures(tmp_path: Pat
     assert vllm["metadata"]["gpugov_version"] == __version__
     assert vllm["metadata"]["versions"]["gpugov"] == __version__
     assert {"numpy", "scipy", "numba", "source"} <= set(vllm["metadata"]["versions"])
+
+
+@pytest.mark.parametrize("plot", [False, True])
+def test_a_failed_write_through_a_link_names_the_flag_it_came_from(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    plot: bool,
+) -> None:
+    """``--out`` a link to another file on a full disk: the failed write names the link's
+    target, which the flag was told from by its text, so the line blamed ``--plot`` (given
+    or not). It names ``--out`` now."""
+    import errno
+    import os
+
+    from study_support import fail_when_synced
+
+    real = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    extra = ["--plot", str(tmp_path / "run.png")] if plot else []
+    fail_when_synced(monkeypatch, "real.json", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    argv = ["simulate", "--duration", "5", "--quiet", "--out", str(link), *extra]
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [f"gpugov: error: --out {link}: cannot write: No space left on device"], err
+    assert not real.exists()
+
+
+def test_a_failed_plot_write_names_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The figure's failed write, through a link, names ``--plot`` as given."""
+    import errno
+    import os
+
+    from study_support import fail_when_synced
+
+    link = tmp_path / "link.png"
+    link.symlink_to(tmp_path / "real.png")
+    fail_when_synced(monkeypatch, "real.png", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    out = tmp_path / "run.json"
+    argv = ["simulate", "--duration", "5", "--quiet", "--out", str(out), "--plot", str(link)]
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [f"gpugov: error: --plot {link}: cannot write: No space left on device"], err
+    assert not out.exists()
