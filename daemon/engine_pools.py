@@ -6,7 +6,7 @@ them into the sample (``docs/disaggregated.md``). No I/O.
 
 from __future__ import annotations
 
-from gpugov.daemon.exposition import Series, aggregate, summed
+from gpugov.daemon.exposition import Series, aggregate, aggregate_where, summed
 
 VLLM_NIXL_TRANSFER = "vllm:nixl_xfer_time_seconds"
 VLLM_NIXL_BYTES = "vllm:nixl_bytes_transferred"
@@ -87,12 +87,6 @@ def page_role(series: Series) -> str | None:
     return roles.pop() if len(roles) == 1 else None
 
 
-def _labelled(series: Series, name: str, label: str, value: str) -> float | None:
-    """:func:`aggregate` over the rows of ``name`` whose ``label`` is ``value``."""
-    rows = [(labels, v) for labels, v in series.get(name) or () if labels.get(label) == value]
-    return aggregate({name: rows}, name) if rows else None
-
-
 def _count(value: float | None) -> int | None:
     return None if value is None else round(value)
 
@@ -109,9 +103,9 @@ def disaggregation_fields(kind: str, series: Series) -> dict[str, object]:
             kv_transfer_bytes_total=aggregate(series, f"{VLLM_NIXL_BYTES}_sum"),
             kv_transfer_failures_total=aggregate(series, VLLM_NIXL_FAILED),
             waiting_deferred_requests=_count(
-                _labelled(series, VLLM_WAITING_BY_REASON, "reason", "deferred")
+                aggregate_where(series, VLLM_WAITING_BY_REASON, "reason", "deferred")
             ),
-            prompt_tokens_external_total=_labelled(
+            prompt_tokens_external_total=aggregate_where(
                 series, VLLM_PROMPT_BY_SOURCE, "source", "external_kv_transfer"
             ),
         )

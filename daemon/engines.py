@@ -25,6 +25,7 @@ from gpugov.daemon.exposition import (
     Aggregate,
     Series,
     aggregate,
+    aggregate_where,
     escape_label_value,
     summed,
 )
@@ -269,16 +270,13 @@ def _histogram(series: Series, bases: Iterable[str]) -> HistogramTotals | None:
 
 
 def _method_seconds(series: Series, bases: Iterable[str], method: str) -> float | None:
-    """The summed ``_sum`` of the first of ``bases`` over the series labelled
-    ``method`` (None when the page has no such series)."""
+    """The ``_sum`` of the first of ``bases`` over the series labelled ``method``, combined
+    as every series is (:func:`~daemon.exposition.aggregate`: a rank's copy counts once,
+    where the rows were added); None when the page has no such series."""
     for base in bases:
-        rows = [
-            value
-            for labels, value in series.get(f"{base}_sum", ())
-            if labels.get("method") == method
-        ]
-        if rows:
-            return float(sum(rows))
+        seconds = aggregate_where(series, f"{base}_sum", "method", method)
+        if seconds is not None:
+            return seconds
     return None
 
 

@@ -251,6 +251,13 @@ def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None
     return total / len(groups) if how == "mean" else total
 
 
+def aggregate_where(series: Series, name: str, label: str, value: str) -> float | None:
+    """:func:`aggregate` over the series of ``name`` whose ``label`` is ``value`` (rank
+    labels counted once, as everywhere); None when the page has none."""
+    rows = [(labels, v) for labels, v in series.get(name) or () if labels.get(label) == value]
+    return aggregate({name: rows}, name) if rows else None
+
+
 def summed(series: Series, names: Iterable[str]) -> float | None:
     """The sum of every present name's aggregate, or None when none is present."""
     values = [aggregate(series, name) for name in names]
@@ -268,6 +275,7 @@ __all__ = [
     "Series",
     "SeriesCache",
     "aggregate",
+    "aggregate_where",
     "escape_label_value",
     "parse_page",
     "sample_name",

@@ -149,6 +149,25 @@ def test_tgi_page() -> None:
     assert sample.decode_forward_s_total == pytest.approx(48.0)
 
 
+def test_forward_seconds_said_by_several_ranks_count_once() -> None:
+    """A forward-seconds series said by each rank of one engine (a ``rank`` label) counts
+    once, as every other series does (their largest): the ranks' rows were added, and two
+    ranks read as twice the engine's prefill and decode seconds. Two engines' rows add."""
+    page = fixture_text("tgi_synthetic.txt")
+    ranked = "".join(
+        line.replace("}", ',rank="0"}') + line.replace("}", ',rank="1"}')
+        if line.startswith("tgi_batch_forward_duration_sum")
+        else line
+        for line in page.splitlines(keepends=True)
+    )
+    sample = TgiSource("x", fetch=lambda url, t: ranked).scrape()
+    assert sample.prefill_forward_s_total == pytest.approx(9.1)
+    assert sample.decode_forward_s_total == pytest.approx(48.0)
+    engines = ranked.replace('rank="1"', 'shard="1"')
+    sample = TgiSource("x", fetch=lambda url, t: engines).scrape()
+    assert sample.prefill_forward_s_total == pytest.approx(2 * 9.1)
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
