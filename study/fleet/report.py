@@ -10,9 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.errors import printable
 from gpugov.daemon.files import write_files_atomic
 from gpugov.study.fleet.run import UNCAPPED
 from gpugov.study.fleet.workload import UTILIZATION_TOLERANCE
+from gpugov.study.markdown import markdown_text
 from gpugov.study.scoreboard.report import cell
 
 PLOTS_HINT = "matplotlib is not installed: no plot written (pip install 'gpugov[plots]')"
@@ -105,9 +107,10 @@ def markdown(payload: dict[str, Any]) -> str:
     lines = [
         "# gpugov fleet",
         "",
-        f"{config['nodes']} nodes ({', '.join(kinds)}) running `{config['controller']}`"
+        f"{config['nodes']} nodes ({', '.join(map(markdown_text, kinds))}) running "
+        f"`{printable(config['controller'])}`"
         f"{decides}, "
-        f"router `{config['router']}`, trace `{workload['trace']}` from "
+        f"router `{config['router']}`, trace `{printable(workload['trace'])}` from "
         f"{workload['source_start_s']:g} s scaled {workload['load_scale']:.3g}x "
         f"({_load_reached(config, workload)}, "
         f"{workload['requests']} requests over {config['duration_s']:g} s, "
@@ -167,7 +170,7 @@ def markdown(payload: dict[str, Any]) -> str:
                     [
                         LABELS.get(row["allocator"], row["allocator"]),
                         "-" if budget is None else f"{100 * budget:.0f} % TDP",
-                        board["profile"],
+                        markdown_text(board["profile"]),
                         str(board["nodes"]),
                         str(board["requests"]),
                         _pct(board["slo_attainment"], 2),

@@ -421,6 +421,23 @@ def test_the_run_writes_its_report_and_degrades_without_matplotlib(
                 assert f"| {board['profile']} | {board['nodes']} | {board['requests']} |" in text
 
 
+def test_a_board_named_with_a_pipe_or_a_newline_keeps_the_table_s_columns(
+    tiny: dict[str, object],
+) -> None:
+    """fleet.md's per-board table writes a profile (a user's manifest may name it with a |
+    or a newline) on one line with its | escaped: written as it was, its | ended the cell
+    and pushed every figure of the row under the next header."""
+    base = tiny["config"]
+    assert isinstance(base, FleetConfig)
+    config = replace(base, allocators=("uniform",), budgets=(0.7,), step=False)
+    text = json.dumps(run_fleet(config, spec=RunnerSpec(jobs=1)))
+    payload = json.loads(text.replace("a100-sxm-80gb-llama3-8b", "my|a100\\nboard"))
+    rows = [line for line in fleet_report.markdown(payload).splitlines() if "my" in line]
+    assert rows and all("my\\|a100\\nboard" in line for line in rows)
+    table = [line for line in rows if line.startswith("|")]
+    assert table and all(line.count("|") - line.count("\\|") == 11 for line in table)
+
+
 def test_a_report_cut_short_mid_write_leaves_the_earlier_one_whole(tmp_path: Path) -> None:
     """fleet.json, fleet.md and fleet.png were written in place: a write that failed
     midway (here past a file-size limit: the disk full) left a truncated report and a
