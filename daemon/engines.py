@@ -21,11 +21,12 @@ from gpugov.daemon.attainment import Buckets
 from gpugov.daemon.engine_pools import DISAGGREGATION_SERIES, QUEUE_GAUGES, disaggregation_fields
 from gpugov.daemon.errors import EngineParseError
 from gpugov.daemon.exposition import (
-    RANK_LABELS,
     Aggregate,
+    EngineKey,
     Series,
     aggregate,
     aggregate_where,
+    engine_key,
     escape_label_value,
     summed,
 )
@@ -56,7 +57,7 @@ class EngineSample:
     """Data-parallel engines the page shows (:func:`shown_engines`): the sample's
     counts and tokens are their sums. 1 for one engine, however many tensor- or
     pipeline-parallel ranks it has, and where the page cannot tell."""
-    engine_labels: frozenset[tuple[tuple[str, str], ...]] | None = None
+    engine_labels: frozenset[EngineKey] | None = None
     """Which engines those are: the label sets, rank labels left out, of the page's
     running and waiting gauges (:func:`shown_engines`); None where no page was read."""
     prompt_tokens_total: float | None = None
@@ -206,7 +207,7 @@ def _buckets(
         rows = series.get(f"{base}_bucket")
         if not rows:
             continue
-        groups: dict[tuple[tuple[tuple[str, str], ...], float], float] = {}
+        groups: dict[tuple[EngineKey, float], float] = {}
         for labels, value in rows:
             try:
                 le = float(labels.get("le", "nan").replace("Inf", "inf"))
@@ -214,16 +215,14 @@ def _buckets(
                 continue
             if math.isnan(le):
                 continue
-            key = tuple(
-                sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS and k != "le")
-            )
+            key = engine_key(labels, leave_out="le")
             previous = groups.get((key, le))
             groups[(key, le)] = value if previous is None else max(previous, value)
         _check_cumulative(groups, f"{base}_bucket", source)
         totalled = {key for key, le in groups if le == math.inf}
         if not totalled or totalled != {key for key, _ in groups}:
             continue  # no series, or one without its total
-        bounds: dict[tuple[tuple[str, str], ...], set[float]] = {}
+        bounds: dict[EngineKey, set[float]] = {}
         for key, le in groups:
             bounds.setdefault(key, set()).add(le)
         shared = set.intersection(*bounds.values())  # +Inf at least
@@ -240,16 +239,14 @@ BUCKET_ROUNDING = 1e-9
 before it (rounding in an engine's float counters) before the page is refused."""
 
 
-def _check_cumulative(
-    groups: dict[tuple[tuple[tuple[str, str], ...], float], float], name: str, source: str
-) -> None:
+def _check_cumulative(groups: dict[tuple[EngineKey, float], float], name: str, source: str) -> None:
     """Refuse buckets of one series that fall as ``le`` rises (a cumulative count never
     does): trusted, they counted phantom requests as met.
 
     Raises:
         EngineParseError: naming ``source``, the series and the two buckets.
     """
-    last: dict[tuple[tuple[str, str], ...], tuple[float, float]] = {}
+    last: dict[EngineKey, tuple[float, float]] = {}
     for (key, le), value in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1])):
         before = last.get(key)
         if before is not None and value < before[1] - BUCKET_ROUNDING * max(before[1], 1.0):
@@ -496,11 +493,11 @@ size x 2), so a trillion is petabytes. A KV token gauge or capacity that reads m
 no count (an unsigned value wrapped below zero reads about 1.8e19)."""
 
 
-def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], float]:
+def _vllm_kv_capacities(series: Series) -> dict[EngineKey, float]:
     """KV capacity in tokens per engine (non-rank labels), from ``vllm:cache_config_info``:
     ``kv_cache_size_tokens`` (recent releases), else (absent, or ``"None"``: an optional
     field) ``num_gpu_blocks * block_size``; one above :data:`MAX_KV_TOKENS` is not known."""
-    per_engine: dict[tuple[tuple[str, str], ...], float] = {}
+    per_engine: dict[EngineKey, float] = {}
     for labels, _ in series.get("vllm:cache_config_info") or ():
         try:
             tokens = float(labels["kv_cache_size_tokens"])
@@ -511,8 +508,7 @@ def _vllm_kv_capacities(series: Series) -> dict[tuple[tuple[str, str], ...], flo
                 continue
         if not math.isfinite(tokens) or tokens <= 0 or tokens > MAX_KV_TOKENS:
             continue  # no cache (a page before the engine profiled it), or no count
-        key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
-        per_engine[key] = tokens
+        per_engine[engine_key(labels)] = tokens
     return per_engine
 
 
@@ -527,7 +523,7 @@ def _known_capacity(series: Series, spec: EngineSpec) -> float | None:
 
 
 def _weighted_kv_tokens(
-    series: Series, usage_names: Iterable[str], capacities: dict[tuple[tuple[str, str], ...], float]
+    series: Series, usage_names: Iterable[str], capacities: dict[EngineKey, float]
 ) -> float | None:
     """Sum over engines of each engine's usage ratio times its own capacity.
 
@@ -544,9 +540,9 @@ def _weighted_kv_tokens(
         rows = series.get(name)
         if not rows:
             continue
-        usage: dict[tuple[tuple[str, str], ...], float] = {}
+        usage: dict[EngineKey, float] = {}
         for labels, value in rows:
-            key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+            key = engine_key(labels)
             usage[key] = max(usage.get(key, value), value)
         # Per set of usage label names: the capacity rows by the names they share with
         # it, then by those labels' values.
@@ -645,7 +641,7 @@ def check_request_gauges(series: Series, names: Iterable[str], source: str) -> N
                 )
 
 
-EngineLabels = frozenset[tuple[tuple[str, str], ...]]
+EngineLabels = frozenset[EngineKey]
 """The label sets (rank labels left out) of the engines a page shows."""
 
 
@@ -667,12 +663,7 @@ def shown_engines(series: Series, spec: EngineSpec) -> tuple[int, EngineLabels]:
         for name in names:
             rows = series.get(name)
             if rows:
-                sets.append(
-                    frozenset(
-                        tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
-                        for labels, _ in rows
-                    )
-                )
+                sets.append(frozenset(engine_key(labels) for labels, _ in rows))
                 break
     return max([1, *(len(keys) for keys in sets)]), frozenset().union(*sets)
 

@@ -233,6 +233,19 @@ def _said(error: Exception) -> str:
     return str(error) if type(error) is ValueError else f"{type(error).__name__}: {error}"
 
 
+EngineKey = tuple[tuple[str, str], ...]
+"""A series' labels less its rank labels, sorted: which engine (and which of its series
+of one name) it is, as :func:`aggregate` tells them apart."""
+
+
+def engine_key(labels: dict[str, str], leave_out: str | None = None) -> EngineKey:
+    """``labels`` less the rank labels (and ``leave_out``, a histogram's ``le``), sorted:
+    series with the same key are one engine's same series, said by several ranks."""
+    return tuple(
+        sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS and k != leave_out)
+    )
+
+
 def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None:
     """Combine every series of sample ``name``; None when the page lacks it.
 
@@ -242,9 +255,9 @@ def aggregate(series: Series, name: str, how: Aggregate = "sum") -> float | None
     rows = series.get(name)
     if not rows:
         return None
-    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    groups: dict[EngineKey, float] = {}
     for labels, value in rows:
-        key = tuple(sorted((k, v) for k, v in labels.items() if k not in RANK_LABELS))
+        key = engine_key(labels)
         previous = groups.get(key)
         groups[key] = value if previous is None else max(previous, value)
     total = sum(groups.values())
@@ -271,11 +284,13 @@ __all__ = [
     "MAX_LINE_CHARS",
     "RANK_LABELS",
     "Aggregate",
+    "EngineKey",
     "ParseTimeout",
     "Series",
     "SeriesCache",
     "aggregate",
     "aggregate_where",
+    "engine_key",
     "escape_label_value",
     "parse_page",
     "sample_name",
