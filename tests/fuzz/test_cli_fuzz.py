@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import os
 import resource
@@ -28,6 +29,7 @@ from types import FrameType
 
 import pytest
 
+from gpugov import cli
 from gpugov.cli import build_parser, main
 
 TIME_BOUND_S = 20.0
@@ -371,6 +373,14 @@ def all_cases(f: Files) -> list[Case]:
 
 
 # ---------------------------------------------------------------------- the runner
+@pytest.fixture
+def parsers_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` builds each command's parser once for the test, not once per case: the
+    construction (argparse's gettext lookups) was most of a refused case's time, and a
+    parse leaves its parser as it found it."""
+    monkeypatch.setattr(cli, "build_parser", functools.cache(build_parser))
+
+
 class CaseTimeout(BaseException):
     """The time bound ran out (a BaseException: no command's handler may swallow it)."""
 
@@ -409,6 +419,7 @@ def _names_the_input(line: str, case: Case) -> bool:
     return any(name in line for name in names) or (len(value) > 1 and value[:200] in line)
 
 
+@pytest.mark.usefixtures("parsers_built_once")
 def test_every_flag_refuses_the_catalogue(
     files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
