@@ -118,6 +118,7 @@ def load_factory(reference: str) -> Any:
     except Exception as error:  # an outside module: any import error is its own
         raise ValueError(
             f"controller factory {reference!r}: cannot import {module_name!r}: {error}"
+            f"{_not_on_path_hint(module_name, error)}"
         ) from None
     except BaseException as error:  # a module that exits on import (a script) is no factory
         from gpugov.daemon.deadline import ctrl_c, escape_text
@@ -135,6 +136,22 @@ def load_factory(reference: str) -> Any:
     if not callable(target):
         raise ValueError(f"controller factory {reference!r}: {attribute} is not callable")
     return target
+
+
+def _not_on_path_hint(module_name: str, error: Exception) -> str:
+    """What to do when the factory's own module (not one it imports) is not found: the
+    ``gpugov`` command imports from Python's path, never the working directory, so a
+    ``mygov.py`` beside the user is found only through ``PYTHONPATH`` or an install."""
+    top = module_name.split(".")[0]
+    if not isinstance(error, ModuleNotFoundError) or error.name not in (top, module_name):
+        return ""
+    for candidate in (f"{top}.py", top):
+        if os.path.exists(candidate):
+            return (
+                f" ({candidate} is in the working directory, which gpugov does not import "
+                "from: put its folder on PYTHONPATH, e.g. PYTHONPATH=., or install its package)"
+            )
+    return " (a factory's module is imported from PYTHONPATH or an installed package)"
 
 
 def entry_point_factory(name: str) -> str | None:

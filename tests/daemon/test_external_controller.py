@@ -248,3 +248,23 @@ def test_a_controller_raising_mid_run_is_one_line_and_exit_1(
     assert "no model for this load" in line and "Traceback" not in err
     if command == "bench":
         assert (tmp_path / "b" / "scoreboard.json").exists()
+
+
+def test_a_module_in_the_working_directory_names_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--controller mygov:make`` beside mygov.py: the console script does not import from
+    the working directory, and the line said only "No module named 'mygov'", with the
+    file right there. It says where the module is and what to do."""
+    (tmp_path / "mygov_here.py").write_text(PACKAGE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(ValueError) as error:
+        parse_controller_spec("mygov_here:make")
+    message = str(error.value)
+    assert "\n" not in message
+    assert "mygov_here.py is in the working directory" in message
+    assert "PYTHONPATH" in message
+    with pytest.raises(ValueError) as elsewhere:
+        parse_controller_spec("no_such_module_here:make")
+    assert "PYTHONPATH" in str(elsewhere.value)  # importable: on PYTHONPATH, or installed
