@@ -35,6 +35,7 @@ from gpugov.daemon.node_support import (
     write_path_status,
 )
 from gpugov.daemon.nvml import NvmlBackend, load_pynvml
+from gpugov.daemon.scrape import MAX_PAGE_BYTES
 from gpugov.plant.input_files import finite_number
 
 T = TypeVar("T")
@@ -215,11 +216,20 @@ def _open_for_status(index: int, kind: str, nvml: Any, emulator: str | None) -> 
     return NvmlBackend(index, nvml=nvml)
 
 
-def engine_status(url: str, kind: str = "auto", timeout_s: float = 1.0) -> dict[str, Any]:
+def engine_status(
+    url: str, kind: str = "auto", timeout_s: float = 1.0, max_page_bytes: int = MAX_PAGE_BYTES
+) -> dict[str, Any]:
     """Whether the engine's metrics page answers, and its queue if it does. An engine that
     answers with an HTTP error or a page that is not its metrics is reachable: ``answer``
-    says which (``"http_error"``, ``"not_a_metrics_page"``), ``error`` what came."""
-    source = ScrapedSource(url, kind, timeout_s=timeout_s)  # type: ignore[arg-type]
+    says which (``"http_error"``, ``"not_a_metrics_page"``), ``error`` what came. A
+    configured domain's engine is read with its ``timeout_s`` and ``max_page_bytes``, as
+    ``run`` reads it."""
+    source = ScrapedSource(
+        url,
+        kind,  # type: ignore[arg-type]
+        timeout_s=timeout_s,
+        max_page_bytes=max_page_bytes,
+    )
     try:
         sample = source.scrape()
     except EngineHttpError as error:
@@ -309,10 +319,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     # this backend gives none) is shown all the same: status is where to check them.
     if held:
         report["held_elsewhere"] = [{"key": key, **entry} for key, entry in held.items()]
-    engines: list[tuple[str, str]] = [(url, "auto") for url in args.engine_url or []]
+    engines: list[tuple[str, str, float, int]] = [
+        (url, "auto", 1.0, MAX_PAGE_BYTES) for url in args.engine_url or []
+    ]
     if config is not None:
-        engines += [(d.engine.url, d.engine.kind) for d in config.domains]
-    report["engines"] = [engine_status(url, engine) for url, engine in engines]
+        engines += [
+            (d.engine.url, d.engine.kind, d.engine.timeout_s, d.engine.max_page_bytes)
+            for d in config.domains
+        ]
+    report["engines"] = [engine_status(*engine) for engine in engines]
     if args.governor_metrics is not None:
         from gpugov.daemon.energy_report import governor_energy
 

@@ -446,6 +446,23 @@ def test_status_tells_an_engine_that_answers_badly_from_an_unreachable_one(
     assert f"engine {url}: unreachable: {url}: connection refused" in capsys.readouterr().out
 
 
+def test_status_reads_a_configured_engine_as_run_does(
+    fake: FakeNvml,
+    metrics_server: MetricsServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """status reads a domain's engine with the config's page limit (and deadline), as run
+    does: with its own defaults it called a page run refuses readable."""
+    metrics_server.page = fixture_text("vllm_v1_real.txt")
+    config = _config(tmp_path, metrics_server.url)
+    config.write_text(config.read_text() + "max_page_bytes = 1024\n")
+    assert node_cli.main(["status", "--json", "--config", str(config)]) == 0
+    (engine,) = json.loads(capsys.readouterr().out)["engines"]
+    assert (engine["reachable"], engine["answer"]) == (True, "not_a_metrics_page")
+    assert "over the 1024-byte limit" in engine["error"]
+
+
 def test_status(
     fake: FakeNvml, metrics_server: MetricsServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
