@@ -45,6 +45,9 @@ MISSING_CHANGES_LEFT_OUT = (
 HTML_SHOWN_CHARS = 80
 """The most characters of an HTML page's start its failure's line quotes."""
 
+DYNAMO_FRONTEND_MARK = "dynamo_frontend_"
+"""The prefix of a Dynamo frontend's series: its page has no engine's queue gauges."""
+
 
 class ScrapedSource:
     """An engine's ``/metrics`` page over HTTP.
@@ -114,8 +117,10 @@ class ScrapedSource:
                 self._detect(text)
             try:
                 sample = self._parse(text, deadline)
-            except EngineParseError:
+            except EngineParseError as error:
                 if not self._auto or not self._detect(text):
+                    if detect_engine_on_page(text) is None:  # no engine's series at all
+                        self._refuse_frontend(text, error)
                     raise
                 sample = self._parse(text, deadline)
         except ParseTimeout as error:
@@ -141,6 +146,21 @@ class ScrapedSource:
                 "sign-in or error page of a proxy, or a URL that is not the engine's metrics"
             )
 
+    def _refuse_frontend(self, text: str, cause: EngineParseError | None = None) -> None:
+        """Refuse a page of no engine's series that is a Dynamo frontend's, in words: the
+        line blamed the engine kind or its metrics, where the URL is the frontend's (it
+        listens on port 8000, the default ``engine.url``'s). Nothing for another page.
+
+        Raises:
+            EngineParseError: the page has the frontend's series.
+        """
+        if DYNAMO_FRONTEND_MARK in text:
+            raise EngineParseError(
+                f"{self.url}: the page is a Dynamo frontend's ({DYNAMO_FRONTEND_MARK}* series, "
+                "no engine's): point engine.url at a worker's page, on the worker's system "
+                "port (DYN_SYSTEM_PORT)"
+            ) from cause
+
     def _unread(self, text: str, budget: float) -> EngineUnavailable:
         """The failure of a page fetched in time but not read by the deadline."""
         return EngineUnavailable(
@@ -162,6 +182,7 @@ class ScrapedSource:
         if kind is None:
             if self.spec is not None:
                 return False
+            self._refuse_frontend(text)
             raise EngineParseError(
                 f"{self.url}: no vllm:, sglang: or tgi_ metrics on the page: the engine's "
                 "metrics are off (vLLM's --disable-log-stats; SGLang needs --enable-metrics) "

@@ -1403,6 +1403,32 @@ def test_a_page_of_no_engine_says_what_to_check() -> None:
     )
 
 
+DYNAMO_FRONTEND_PAGE = """\
+# TYPE dynamo_frontend_inflight_requests gauge
+dynamo_frontend_inflight_requests{model="Qwen/Qwen3-0.6B"} 3
+# TYPE dynamo_frontend_queued_requests gauge
+dynamo_frontend_queued_requests{model="Qwen/Qwen3-0.6B"} 1
+# TYPE dynamo_frontend_requests_total counter
+dynamo_frontend_requests_total{model="Qwen/Qwen3-0.6B",request_type="stream",status="success"} 40
+"""
+"""A Dynamo frontend's page (its series as ai-dynamo/dynamo's metrics reference names them)."""
+
+
+@pytest.mark.parametrize("kind", ["auto", "vllm", "sglang"])
+def test_a_dynamo_frontend_page_says_to_read_a_worker(kind: EngineKind) -> None:
+    """A Dynamo frontend listens on port 8000, the default engine.url's, and its page has
+    no engine's series: the line blamed the engine's metrics or kind. It says the page is
+    the frontend's and where a worker's is."""
+    source = ScrapedSource("http://e/metrics", kind, fetch=lambda url, t: DYNAMO_FRONTEND_PAGE)
+    with pytest.raises(EngineParseError) as caught:
+        source.scrape()
+    assert str(caught.value) == (
+        "http://e/metrics: the page is a Dynamo frontend's (dynamo_frontend_* series, no "
+        "engine's): point engine.url at a worker's page, on the worker's system port "
+        "(DYN_SYSTEM_PORT)"
+    )
+
+
 def test_a_kv_capacity_derived_above_any_engine_is_not_known() -> None:
     """SGLang's capacity is its used tokens over their share of the cache: a share read
     near 0 (1e-12) beside 60,000 used tokens made a cache of 6e16 tokens, where a vLLM
