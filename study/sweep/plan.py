@@ -26,6 +26,7 @@ from gpugov.daemon.cli_support import (
     simulated_controller,
     slo_target_of,
 )
+from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import close_controller
 from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.safety import DEFAULT_DWELL_S, SafetySettings
@@ -219,7 +220,7 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
     for key, ids in (
         ("traces", trace_ids),
         ("profiles", profile_ids),
-        ("controllers", controller_ids),
+        ("controllers", {spec: _controller_identity(spec) for spec in grid.controllers}),
     ):
         _refuse_the_same_twice(path, key, ids)
     checks = float(len(grid.profiles) * (1 + len(grid.controllers)) + len(grid.traces))
@@ -333,6 +334,22 @@ def plan_sweep(path: Path, on_check: PlanProgress | None = None) -> SweepPlan:
     if len(cells) % 1000:
         checked(f"{len(cells):,} of {total:,} cells keyed", len(cells) % 1000 * CELL_CHECK)
     return SweepPlan(grid, tuple(cells), shared)
+
+
+def _controller_identity(spec: str) -> str:
+    """The controller ``spec`` builds, however it is spelled (``fixed:1000`` and
+    ``fixed:1e3``, ``max`` and ``maximum``, a plan as ``p.json`` and ``./p.json``): its
+    parsed config, its files absolute; the text where it does not parse (refused later
+    in its own line). A bare ``mpc`` plans on each cell's profile, so it stays itself."""
+    rebased = _rebased_spec(spec, os.path.realpath)
+    kind, colon, _ = spec.partition(":")
+    if kind in ("mpc", "mpc-slsqp") and not colon:
+        return rebased
+    try:
+        config = parse_controller_spec(rebased)
+    except ValueError:
+        return rebased
+    return config.model_dump_json(exclude_none=True)
 
 
 def _refuse_the_same_twice(path: Path, key: str, identities: Mapping[str, str]) -> None:

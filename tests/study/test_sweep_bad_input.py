@@ -501,3 +501,35 @@ def test_an_outside_factory_that_fails_is_named_in_the_grids_words(tmp_path: Pat
     assert "key 'controllers' (h100-sxm-llama3-8b): os:getcwd: controller factory" in stderr
     assert "UsageError" not in stderr and "--controller" not in stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "controllers",
+    [
+        '["fixed:1000", "fixed:1e3"]',
+        '["max", "maximum"]',
+        '["power-cap:300", "power-cap:300.0"]',
+        '["mpc-online:tp=2", "mpc-online:tensor_parallel=2"]',
+    ],
+)
+def test_two_spellings_of_one_controller_are_refused_as_a_duplicate(
+    tmp_path: Path, controllers: str
+) -> None:
+    """``fixed:1000`` and ``fixed:1e3`` (or ``max`` and its old name ``maximum``) passed the
+    duplicate check, which compared the text: the same controller ran twice and the
+    summary showed it twice under two labels."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID.replace('controllers = ["max"]\n', f"controllers = {controllers}\n"))
+    grid.write_text(grid.read_text() + "duration_s = 5\n")
+    out = tmp_path / "out"
+    code, _, stderr = run_main(["sweep", "--grid", str(grid), "--out", str(out)])
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert "grid.toml: key 'controllers': " in stderr and "name the same controller" in stderr
+    assert not out.exists()
+
+
+def test_a_bare_mpc_and_one_naming_the_default_profile_are_two_controllers() -> None:
+    """``mpc`` plans on each cell's profile, ``mpc:h100-sxm-llama3-8b`` on that one alone."""
+    assert sweep_plan._controller_identity("mpc") != sweep_plan._controller_identity(
+        "mpc:h100-sxm-llama3-8b"
+    )
