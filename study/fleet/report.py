@@ -92,6 +92,18 @@ def board_breakdown(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _source_window(config: Mapping[str, Any], workload: Mapping[str, Any]) -> str:
+    """Where in the trace the fleet's first window starts: ``from 20 s``, with
+    ``--trace-start`` where the start was wrapped round the trace, or ``whole`` where a
+    window covers the trace."""
+    start, asked = workload["source_start_s"], config["trace_start_s"]
+    if start is None:
+        return f"whole (shorter than a window; --trace-start {asked:g} s has no effect)"
+    if start == asked:
+        return f"from {start:g} s"
+    return f"from {start:g} s (--trace-start {asked:g} s wrapped round the trace)"
+
+
 def markdown(payload: dict[str, Any]) -> str:
     """The report: the run's settings, the budget table and the budget-step table."""
     config = payload["config"]
@@ -110,8 +122,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{config['nodes']} nodes ({', '.join(map(markdown_text, kinds))}) running "
         f"`{printable(config['controller'])}`"
         f"{decides}, "
-        f"router `{config['router']}`, trace `{printable(workload['trace'])}` from "
-        f"{workload['source_start_s']:g} s scaled {workload['load_scale']:.3g}x "
+        f"router `{config['router']}`, trace `{printable(workload['trace'])}` "
+        f"{_source_window(config, workload)} scaled {workload['load_scale']:.3g}x "
         f"({_load_reached(config, workload)}, "
         f"{workload['requests']} requests over {config['duration_s']:g} s, "
         f"then {config['drain_s']:g} s to drain). Summed TDP {payload['tdp_w']:.0f} W; the "

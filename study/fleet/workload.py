@@ -61,6 +61,18 @@ def _piece_start(start_s: float, length_s: float, span_s: float) -> float:
     return start_s if start_s + length_s <= span_s else start_s % (span_s - length_s)
 
 
+def _source_start(config: FleetConfig, span_s: float, scale: float) -> float | None:
+    """Where the first of :func:`_overlaid`'s windows starts, in the trace's own seconds:
+    ``--trace-start``, wrapped round the trace where that window would run past its end
+    (:func:`_piece_start`), or None where a window covers the whole trace, which is then
+    used whole whatever the start. ``fleet.md`` says it: ``--trace-start`` alone named a
+    second the trace may not have (1,800 s of a 200 s trace)."""
+    length = min(config.duration_s * scale / max(1, math.ceil(scale)), span_s)
+    if length >= span_s:
+        return None
+    return _piece_start(config.trace_start_s, length, span_s)
+
+
 UTILIZATION_TOLERANCE = 0.1
 """How far (relative) the load a fleet's workload puts on it may miss ``--utilization``
 before the scale is corrected or, where it cannot be, the run says so."""
@@ -194,7 +206,7 @@ def fleet_workload(
         "trace": config.trace,
         "trace_span_s": span if trace.arrivals[-1] > 0.0 else 0.0,
         "trace_sha256": digest,
-        "source_start_s": config.trace_start_s,
+        "source_start_s": _source_start(config, span, scale),
         "load_scale": scale,
         "overlaid_windows": max(1, math.ceil(scale)),
         "fluid_capacity_scale": capacity,

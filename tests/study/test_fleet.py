@@ -854,6 +854,34 @@ def test_a_trace_shorter_than_the_window_is_used_whole(tmp_path: Path, start_s: 
     workload, info = fleet_workload(config, _plants(config.profiles))
     copies = info["overlaid_windows"]
     assert sorted(r.prompt_tokens for r in workload) == sorted([301, 302, 303] * copies)
+    assert info["source_start_s"] is None  # used whole: fleet.md says so, not a start
+
+
+@pytest.mark.parametrize("start_s", [10.0, 1000.0])
+def test_fleet_md_says_where_in_the_trace_the_window_starts(
+    tmp_path: Path, start_s: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --trace-start past the room a window leaves is wrapped round the trace; fleet.md
+    said 'from 1000 s' of a trace of 100 s. It names the second the first window starts
+    at (fleet.json's source_start_s), and the --trace-start it was wrapped from."""
+    trace = tmp_path / "hundred.csv"
+    rows = [f"{t},{300 + t},{20 + t % 7}" for t in range(101)]
+    trace.write_text("arrival_time_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    argv = ["fleet", "--trace", str(trace), "--trace-start", f"{start_s:g}", "--nodes", "2"]
+    argv += ["--duration", "30", "--drain", "5", "--no-step", "--budgets", "0.8"]
+    argv += ["--allocators", "uniform", "--controller", "max", "--quiet", "--jobs", "1"]
+    assert main([*argv, "--out", str(out)]) == 0, capsys.readouterr().err
+    workload = json.loads((out / "fleet.json").read_text())["workload"]
+    first = workload["source_start_s"]
+    length = 30.0 * workload["load_scale"] / workload["overlaid_windows"]
+    assert first >= 0.0 and first + length <= 100.0  # a stretch the trace has
+    markdown = (out / "fleet.md").read_text()
+    if start_s == 10.0:
+        assert first == 10.0 and "` from 10 s scaled" in markdown
+    else:
+        assert first < start_s
+        assert f"` from {first:g} s (--trace-start 1000 s wrapped round the trace)" in markdown
 
 
 def test_ray_missing_is_one_line(
