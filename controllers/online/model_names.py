@@ -146,8 +146,14 @@ def hints_from_model_name(name: str | None) -> ModelSize | None:
     """
     if not name:
         return None
-    sizes = {size_of_one_name(part.strip()) for part in MODELS_APART.split(name)}
+    sizes = {size_of_one_name(part) for part in served_models(name)}
     return sizes.pop() if len(sizes) == 1 else None
+
+
+def served_models(name: str) -> list[str]:
+    """The models a served-model name joins with commas (one where it joins none), each
+    stripped: a page that serves several names them all (:data:`MODELS_APART`)."""
+    return [part.strip() for part in MODELS_APART.split(name)]
 
 
 def size_of_one_name(name: str) -> ModelSize | None:
@@ -253,5 +259,6 @@ __all__ = [
     "ModelSize",
     "SettledName",
     "hints_from_model_name",
+    "served_models",
     "size_of_one_name",
 ]

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpugov.controllers.online.identification import REFERENCE_BATCH, ModelPrior
-from gpugov.controllers.online.model_names import hints_from_model_name
+from gpugov.controllers.online.model_names import hints_from_model_name, served_models
 from gpugov.plant import calibration
 from gpugov.plant.roofline import Domain, RooflineParameters
 from gpugov.plant.zoo import GPUS, GpuSpec, ModelSpec, ProfileSpec
@@ -294,7 +294,12 @@ class AutoHints:
         params_b: float | None = None
         active_params_b: float | None = None
         size = hints_from_model_name(model_name)
-        if size is None:
+        if size is None and len(served_models(model_name)) > 1:
+            self._warn_once(
+                f"mpc-online: the engine serves several models ({model_name!r}) whose names "
+                "state no one size; no prior from them"
+            )
+        elif size is None:
             self._warn_once(
                 f"mpc-online: the served model's name {model_name!r} states no size "
                 "(such as 70B, 8x7B or 30B-A3B); no prior from it"

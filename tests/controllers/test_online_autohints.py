@@ -87,6 +87,21 @@ def test_an_unknown_name_or_gpu_is_one_line_each_and_no_shape() -> None:
     assert len(lines) == 3 and "no name" in lines[2]
 
 
+def test_several_models_of_other_sizes_are_said_so() -> None:
+    """A page that serves several models whose names state different sizes gives no
+    prior, in a line that says so: it said the name "states no size", where each stated
+    one."""
+    lines: list[str] = []
+    hints = AutoHints(gpu=H100, warn=lines.append)
+    name = "Qwen/Qwen3-30B-A3B,meta-llama/Llama-3.1-70B-Instruct"
+    prior = hints.prior_for(name)
+    assert prior is not None and not prior.time_table  # the GPU's board power alone
+    assert lines == [
+        f"mpc-online: the engine serves several models ({name!r}) whose names state no "
+        "one size; no prior from them"
+    ]
+
+
 def test_a_domain_wider_than_the_hints_learns_with_no_prior(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
