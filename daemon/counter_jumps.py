@@ -39,6 +39,7 @@ _TOKEN_COUNTERS = (
     "prompt_tokens_total",
     "generation_tokens_total",
     "iteration_tokens_total",
+    "prompt_tokens_computed_total",
     "finished_generation_tokens_total",
     "prompt_tokens_external_total",
 )

@@ -126,6 +126,11 @@ class EngineSample:
     """Engine steps (forward passes) so far: the count of vLLM's tokens-per-step
     histogram ``vllm:iteration_tokens_total``, or of TGI's ``tgi_batch_forward_duration``
     (both methods); None where the engine publishes neither (SGLang)."""
+    prompt_tokens_computed_total: float | None = None
+    """Prompt tokens the engine's prefills computed so far, counted as they ran (SGLang's
+    ``sglang:realtime_tokens_total{mode="prefill_compute"}``, cached tokens left out),
+    where its prompt counter counts a prompt only as its request finishes; None where the
+    engine publishes no such counter."""
     iteration_tokens_total: float | None = None
     """Tokens those steps ran (the tokens-per-step histogram's ``_sum``): prefill chunk
     tokens as they are computed plus one per decoding request, where the prompt counter
@@ -277,6 +282,16 @@ def _method_seconds(series: Series, bases: Iterable[str], method: str) -> float 
     return None
 
 
+def _prefill_computed(series: Series, names: Iterable[str]) -> float | None:
+    """The ``mode="prefill_compute"`` series of the first of ``names`` the page has (the
+    prompt tokens computed as they ran), combined as every series is; None where none."""
+    for name in names:
+        tokens = aggregate_where(series, name, "mode", "prefill_compute")
+        if tokens is not None:
+            return tokens
+    return None
+
+
 # -------------------------------------------------------------------- the engines
 @dataclass(frozen=True)
 class EngineSpec:
@@ -325,6 +340,9 @@ class EngineSpec:
     """Histograms observed once per engine step (their ``_count`` counts the steps)."""
     step_tokens: tuple[str, ...] = ()
     """Histograms of the tokens each engine step ran (their ``_sum`` is the tokens)."""
+    prompt_tokens_computed: tuple[str, ...] = ()
+    """Counters of tokens by ``mode`` whose ``prefill_compute`` series counts the prompt
+    tokens the prefills computed as they ran (SGLang's ``realtime_tokens_total``)."""
     forward_seconds: tuple[str, ...] = ()
     """Histograms of forward-pass seconds labelled by ``method`` (prefill, decode)."""
     prompt_tokens_at_finish: bool = False
@@ -341,6 +359,7 @@ class EngineSpec:
             self.waiting_also,
             self.prompt_tokens,
             self.prompt_requests,
+            self.prompt_tokens_computed,
             self.generation_tokens,
             self.finished,
             self.arrived,
@@ -379,6 +398,7 @@ class EngineSpec:
         beside them: their values change when the engine restarts."""
         counters = (
             *self.prompt_tokens,
+            *self.prompt_tokens_computed,
             *self.generation_tokens,
             *self.finished,
             *self.arrived,
@@ -461,6 +481,7 @@ SGLANG = EngineSpec(
         "sglang:request_generation_tokens",
     ),
     finished_generation=("sglang:request_generation_tokens",),
+    prompt_tokens_computed=("sglang:realtime_tokens_total",),
     prompt_tokens_at_finish=True,
 )
 TGI = EngineSpec(
@@ -790,6 +811,7 @@ def extract(spec: EngineSpec, series: Series, source: str) -> EngineSample:
         prompt_tokens_at_finish=prompts_at_finish,
         iterations_total=None if steps is None else steps.count,
         iteration_tokens_total=_first(series, [f"{base}_sum" for base in spec.step_tokens]),
+        prompt_tokens_computed_total=_prefill_computed(series, spec.prompt_tokens_computed),
         prefill_forward_s_total=_method_seconds(series, spec.forward_seconds, "prefill"),
         decode_forward_s_total=_method_seconds(series, spec.forward_seconds, "decode"),
         created=created_times(series, spec.created()),

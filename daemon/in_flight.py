@@ -117,9 +117,11 @@ class InFlightRequests:
         Where the engine publishes the tokens its steps ran (vLLM's tokens-per-step
         histogram), those less the decode tokens (the generated tokens less the first
         tokens, which prefills make) are the prompt tokens as they ran; tokens whose KV
-        cache came from another instance never ran here. A decode domain, and an engine
-        without that histogram, keep the prompt counter, less (in a disaggregated
-        domain) vLLM's ``external_kv_transfer`` prompt tokens."""
+        cache came from another instance never ran here. Where it counts the prompt
+        tokens its prefills computed (SGLang's ``realtime_tokens_total``,
+        ``prefill_compute``), that counter is. A decode domain, and an engine without
+        either, keep the prompt counter, less (in a disaggregated domain) vLLM's
+        ``external_kv_transfer`` prompt tokens."""
         steps = engine.iteration_tokens_total
         generated = engine.generation_tokens_total
         if (
@@ -131,6 +133,9 @@ class InFlightRequests:
             ran = steps - (generated - engine.ttft.count)
             if math.isfinite(ran):
                 return max(0.0, ran)
+        computed = engine.prompt_tokens_computed_total
+        if self.role != "decode" and computed is not None and math.isfinite(computed):
+            return max(0.0, computed)
         total = float(engine.prompt_tokens_total or 0.0)
         external = engine.prompt_tokens_external_total
         if self.role != "colocated" and external is not None:

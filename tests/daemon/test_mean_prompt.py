@@ -81,3 +81,37 @@ def test_vllm_mean_prompt_is_over_the_first_tokens() -> None:
         )
     )
     assert _backlog(page) == pytest.approx(20 * PROMPT)
+
+
+def _observed_prompt_tokens(page: str) -> float:
+    """The prompt tokens the observer reports (the work windows read) at the first scrape."""
+    observer = DomainObserver(
+        [IdleGpu()],
+        ScrapedSource("http://e/metrics", fetch=lambda url, t: page),
+        stale_after_s=30.0,
+    )
+    return observer.observe(0.0, 0, None).observation.prompt_tokens_total
+
+
+def test_sglang_prompt_tokens_as_computed_where_it_counts_them() -> None:
+    """SGLang counts a prompt in sglang:prompt_tokens_total when its request finishes,
+    windows after its prefill ran, cached tokens included; newer releases count the
+    prompt tokens their prefills compute as they run (sglang:realtime_tokens_total,
+    mode="prefill_compute"), which are the work a window did, as vLLM's tokens per step
+    are. Without that series the prompt counter stays."""
+    labels = 'model_name="m",tp_rank="0"'
+    base = "\n".join(
+        (
+            f"sglang:num_running_reqs{{{labels}}} 4",
+            f"sglang:num_queue_reqs{{{labels}}} 0",
+            'sglang:prompt_tokens_total{model_name="m"} 5000',
+            'sglang:num_requests_total{model_name="m"} 5',
+            "",
+        )
+    )
+    assert _observed_prompt_tokens(base) == 5000.0
+    computed = base + "".join(
+        f'sglang:realtime_tokens_total{{{labels},mode="{mode}"}} {value}\n'
+        for mode, value in (("prefill_compute", 7000), ("prefill_cache", 2500), ("decode", 900))
+    )
+    assert _observed_prompt_tokens(computed) == 7000.0
