@@ -349,6 +349,18 @@ class DomainConfig(FrozenModel):
                 "slo_target needs the SLOs it counts requests against: set ttft_slo_s "
                 "and/or tpot_slo_s"
             )
+        # A pool is judged on its phase's SLO alone (controllers.budget): the other one
+        # gives its target no request to count.
+        if self.slo_target is not None and self.role == "prefill" and self.ttft_slo_s is None:
+            raise ValueError(
+                'slo_target of a prefill pool (role = "prefill") counts its first tokens '
+                "against ttft_slo_s alone: set ttft_slo_s"
+            )
+        if self.slo_target is not None and self.role == "decode" and self.tpot_slo_s is None:
+            raise ValueError(
+                'slo_target of a decode pool (role = "decode") counts its tokens against '
+                "tpot_slo_s alone: set tpot_slo_s"
+            )
         return self
 
 

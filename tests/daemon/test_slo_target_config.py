@@ -75,6 +75,19 @@ def test_a_target_and_an_allowance_parse() -> None:
             "at least 12 x daemon.period_s",
         ),
         ({"slo_target": {"attainment": 0.99}}, "domains[0]", "slo_target needs"),
+        # A prefill pool is judged on TTFT alone, a decode pool on TPOT alone: the other
+        # SLO alone gave the target no request to count (accepted with a metrics warning).
+        (
+            {"role": "prefill", "tpot_slo_s": 0.05, "slo_target": {"attainment": 0.99}},
+            "domains[0]",
+            'slo_target of a prefill pool (role = "prefill") counts its first tokens against '
+            "ttft_slo_s",
+        ),
+        (
+            {"role": "decode", "ttft_slo_s": 1.0, "slo_target": {"attainment": 0.99}},
+            "domains[0]",
+            'slo_target of a decode pool (role = "decode") counts its tokens against tpot_slo_s',
+        ),
         (
             {"ttft_slo_per_prompt_token_s": -1e-5, "ttft_slo_s": 1.0},
             "domains[0].ttft_slo_per_prompt_token_s",
@@ -91,3 +104,11 @@ def test_bad_values_are_one_line_naming_the_key(
     lines = str(raised.value).splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("node.toml: ") and key in lines[0] and reason in lines[0]
+
+
+def test_a_pools_target_with_its_own_slo_parses() -> None:
+    """A prefill pool's target over TTFT alone, and a decode pool's over TPOT alone, parse."""
+    prefill = _domain(role="prefill", ttft_slo_s=1.0, slo_target={"attainment": 0.99})
+    decode = _domain(role="decode", tpot_slo_s=0.05, slo_target={"attainment": 0.99})
+    assert parse_config(prefill).domains[0].slo_target is not None
+    assert parse_config(decode).domains[0].slo_target is not None
