@@ -36,7 +36,8 @@ def parse_address(value: str) -> tuple[str, int]:
             an IP address that is none (``999.1.1.1``, ``[::g]``).
     """
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    # ASCII digits alone: int() reads ٩٤٠٠ as 9400, and a superscript passes isdigit().
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"must be HOST:PORT such as 127.0.0.1:9400, got {value!r}")
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if (

@@ -239,6 +239,15 @@ def test_parse_address() -> None:
     assert parse_address("bücher.de:9400") == ("bücher.de", 9400)
 
 
+@pytest.mark.parametrize("port", ["٩٤٠٠", "１２３４", "²"])
+def test_a_port_in_other_digits_than_ascii_is_refused(port: str) -> None:
+    """int() reads Arabic-Indic or fullwidth digits: 127.0.0.1:٩٤٠٠ was served at 9400 and
+    check-config said OK; a superscript passed isdigit() and int() refused it in Python's
+    words ("invalid literal for int() with base 10")."""
+    with pytest.raises(ValueError, match=r"must be HOST:PORT such as 127\.0\.0\.1:9400"):
+        parse_address(f"127.0.0.1:{port}")
+
+
 @pytest.mark.parametrize(
     ("data", "path"),
     [
