@@ -100,7 +100,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
         "--simulate",
         "--virtual",
         "--duration",
-        "40",
+        "10",
         "--controller",
         "mpc-online",
         "--metrics-address",
