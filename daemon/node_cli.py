@@ -78,6 +78,7 @@ from gpugov.daemon.record import Recorder, read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.reset_clocks import cmd_reset_clocks
 from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
+from gpugov.daemon.sd_notify import watchdog_usec_problem
 from gpugov.daemon.service import OPENING_GPUS, domains_from_config
 from gpugov.daemon.status_cli import cmd_status, may_lock_clocks
 from gpugov.daemon.stop_signals import StopEvent
@@ -400,17 +401,12 @@ def environ_watchdog_s(environ: Mapping[str, str] | None = None) -> float | None
     Raises:
         UsageError: the variable is set to anything but a positive integer.
     """
-    raw = (os.environ if environ is None else environ).get("WATCHDOG_USEC")
-    if raw is None:
-        return None
-    value = raw.strip()
-    if not (value.isascii() and value.isdigit() and int(value) > 0):
-        shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
-        raise UsageError(
-            f"WATCHDOG_USEC={shown!r}: must be a positive integer of microseconds (systemd "
-            "sets it from the unit's WatchdogSec=); unset it or fix the unit"
-        )
-    return int(value) / 1e6
+    env = os.environ if environ is None else environ
+    problem = watchdog_usec_problem(env)
+    if problem is not None:
+        raise UsageError(problem)
+    raw = env.get("WATCHDOG_USEC")
+    return None if raw is None else int(raw.strip()) / 1e6
 
 
 def describe_config(config: GpugovConfig) -> str:

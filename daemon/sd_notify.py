@@ -78,7 +78,26 @@ def watchdog_seconds(environ: Mapping[str, str]) -> float | None:
     if not environ.get("NOTIFY_SOCKET") or (pid is not None and pid != str(os.getpid())):
         return None
     raw = environ.get("WATCHDOG_USEC", "")
-    return int(raw) / 1e6 if raw.isdigit() and int(raw) > 0 else None
+    if watchdog_usec_problem(environ) is not None or not raw:
+        return None
+    return int(raw) / 1e6
+
+
+def watchdog_usec_problem(environ: Mapping[str, str]) -> str | None:
+    """Why a set ``$WATCHDOG_USEC`` is no positive integer of ASCII digits (``abc``,
+    ``-5``, ``1e6``, ``²``, which ``isdigit()`` passes and ``int()`` refuses), in one line
+    naming it; None where it is unset or well formed. ``run`` and ``actuator`` refuse it."""
+    raw = environ.get("WATCHDOG_USEC")
+    if raw is None:
+        return None
+    value = raw.strip()
+    if value.isascii() and value.isdigit() and int(value) > 0:
+        return None
+    shown = raw if len(raw) <= 40 else f"{raw[:40]}..."
+    return (
+        f"WATCHDOG_USEC={shown!r}: must be a positive integer of microseconds (systemd "
+        "sets it from the unit's WatchdogSec=); unset it or fix the unit"
+    )
 
 
 class Watchdog:
@@ -106,7 +125,11 @@ class Watchdog:
         self.pings = 0
 
     def problem(self) -> str | None:
-        """Why this ``WatchdogSec=`` cannot work (shorter than :data:`MIN_WATCHDOG_S`)."""
+        """Why this ``WatchdogSec=`` cannot work: ``$WATCHDOG_USEC`` malformed, or shorter
+        than :data:`MIN_WATCHDOG_S`."""
+        malformed = watchdog_usec_problem(self._environ)
+        if malformed is not None:
+            return malformed
         if self.watchdog_s is None or self.watchdog_s >= MIN_WATCHDOG_S:
             return None
         return (

@@ -192,3 +192,18 @@ def test_a_notify_socket_nobody_reads_never_holds_the_serving_loop(notify: Notif
     worker.join(10.0)
     assert not worker.is_alive(), "the notify send blocked on a full queue"
     assert notify.next(1.0) == "WATCHDOG=1"
+
+
+@pytest.mark.parametrize("raw", ["²", "٥٠٠٠٠٠٠", "abc", "-5", "0", "1e6"])
+def test_a_malformed_watchdog_usec_is_the_actuators_problem(notify: NotifySocket, raw: str) -> None:
+    """``gpugov actuator`` under WATCHDOG_USEC=² ended in a traceback (isdigit() is true of
+    it, int() refuses it), and other garbage ran with no watchdog where the unit expects
+    pings; it is one line naming the variable now, as ``gpugov run`` says it."""
+    from gpugov.daemon.node_cli import environ_watchdog_s
+
+    environ = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": raw}
+    problem = Watchdog(environ).problem()
+    assert problem is not None and problem.startswith(f"WATCHDOG_USEC={raw!r}: must be"), problem
+    with pytest.raises(ValueError) as run_said:
+        environ_watchdog_s(environ)
+    assert str(run_said.value) == problem
