@@ -108,9 +108,8 @@ def escape_text(error: BaseException) -> str:
 
 
 def ctrl_c(error: BaseException) -> bool:
-    """Whether ``error`` is a Ctrl-C to let through: a KeyboardInterrupt raised on the main
-    thread. No signal reaches another thread (a node's start, a decision's worker): a
-    KeyboardInterrupt there is the running code's own, a failure like a ``sys.exit()``."""
+    """Whether ``error`` is a KeyboardInterrupt on the main thread, a Ctrl-C: no signal
+    reaches another thread, where one is the running code's own, as a ``sys.exit()`` is."""
     return (
         isinstance(error, KeyboardInterrupt)
         and threading.current_thread() is threading.main_thread()
