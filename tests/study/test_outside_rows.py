@@ -4,8 +4,13 @@ the sweep's other cells are kept)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-from collections.abc import Callable
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,6 +65,39 @@ def outside(module_on_path: Callable[[str, str], str]) -> str:
     return module_on_path("study_misbehaving", PACKAGE)
 
 
+@dataclass(frozen=True)
+class NotAClockBoard:
+    """One ``bench controllers --tiny --report`` run with a controller whose decisions are
+    not a clock: its exit code, stderr, board and report."""
+
+    spec: str
+    code: int
+    err: str
+    out: Path
+    report: Path
+
+
+@pytest.fixture(scope="module")
+def not_a_clock_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotAClockBoard]:
+    """The board and report of :data:`PACKAGE`'s ``not_a_number``, built once: the tests of
+    the board's count, its warning and the report's lines read the same run."""
+    root = tmp_path_factory.mktemp("not-a-clock")
+    name = "study_not_a_clock"
+    (root / f"{name}.py").write_text(textwrap.dedent(PACKAGE))
+    out, report, spec = root / "board", root / "report", f"{name}:not_a_number"
+    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
+    argv += ["--report", str(report), "--controller", spec]
+    sys.path.insert(0, str(root))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop(name, None)
+    yield NotAClockBoard(spec, code, err.getvalue(), out, report)
+
+
 def test_a_failing_outside_row_leaves_the_board_of_the_other_rows(
     outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,13 +133,10 @@ def test_a_failing_outside_row_leaves_the_board_of_the_other_rows(
 
 
 def test_the_board_counts_and_names_decisions_that_are_not_a_clock(
-    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    not_a_clock_board: NotAClockBoard,
 ) -> None:
-    out = tmp_path / "board"
-    spec = f"{outside}:not_a_number"
-    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
-    assert main([*argv, "--controller", spec]) == 0
-    err = capsys.readouterr().err
+    out, spec, err = not_a_clock_board.out, not_a_clock_board.spec, not_a_clock_board.err
+    assert not_a_clock_board.code == 0, err
     payload = json.loads((out / "scoreboard.json").read_text())
     (row,) = [r for r in payload["rows"] if r["controller"] == spec]
     assert row["invalid_decisions"] == row["decisions"] > 0
@@ -183,16 +218,13 @@ def test_fleet_names_a_controller_that_raises_in_one_line(
 
 
 def test_the_report_and_the_markdown_name_decisions_that_are_not_a_clock(
-    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    not_a_clock_board: NotAClockBoard,
 ) -> None:
     """A row whose decisions the chain replaced by the top clock is no row of its own
     decisions: report.json keeps the count per row and scenario, and scoreboard.md and
     report.md say it beside the tables that cite the row."""
-    out, report = tmp_path / "board", tmp_path / "report"
-    spec = f"{outside}:not_a_number"
-    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
-    assert main([*argv, "--report", str(report), "--controller", spec]) == 0
-    capsys.readouterr()
+    out, report, spec = not_a_clock_board.out, not_a_clock_board.report, not_a_clock_board.spec
+    assert not_a_clock_board.code == 0, not_a_clock_board.err
     board = json.loads((out / "scoreboard.json").read_text())
     (counted,) = [r for r in board["rows"] if r["controller"] == spec]
     published = json.loads((report / "report.json").read_text())
