@@ -29,7 +29,7 @@ from gpugov.daemon.actuator_server import (
 )
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
-from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX
+from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, MAX_SOCKET_PATH_BYTES
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 from gpugov.daemon.stop_signals import STOP_SIGNALS, off_handler, signal_name
@@ -75,8 +75,6 @@ _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 """A user name systemd accepts (a DynamicUser's included)."""
 MAX_UID = 2**32 - 2
 """The highest uid (2**32 - 1 is the invalid uid)."""
-SOCKET_PATH_BYTES = 107
-"""The longest path a Unix socket's address holds (``sun_path`` less its NUL)."""
 
 
 def _allowed_user(value: str) -> str:
@@ -98,9 +96,9 @@ def _socket_path(value: str) -> str:
     directory is checked before any GPU is opened, in :func:`run_actuator`)."""
     if not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise argparse.ArgumentTypeError(f"an absolute path, got {value[:60]!r}")
-    if len(os.fsencode(value)) > SOCKET_PATH_BYTES:
+    if len(os.fsencode(value)) > MAX_SOCKET_PATH_BYTES:
         raise argparse.ArgumentTypeError(
-            f"a Unix socket path holds at most {SOCKET_PATH_BYTES} bytes, got {value[:60]!r}..."
+            f"a Unix socket path holds at most {MAX_SOCKET_PATH_BYTES} bytes, got {value[:60]!r}..."
         )
     return value
 

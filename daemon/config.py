@@ -35,6 +35,7 @@ from gpugov.daemon.config_types import (
     LoosePath,
     PositiveSeconds,
     Seconds,
+    SocketPath,
     TokenCount,
     Watts,
     named_directory,
@@ -370,7 +371,7 @@ class ActuatorBackendConfig(FrozenModel):
     three control periods; ``timeout_s`` bounds one request and must be shorter than
     the period."""
 
-    socket: LoosePath = Path("/run/gpugov-actuator/actuator.sock")
+    socket: SocketPath = Path("/run/gpugov-actuator/actuator.sock")
     lease_s: Annotated[float, Field(ge=0.2, le=600.0, allow_inf_nan=False)] = DEFAULT_LEASE_S
     timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (
         DEFAULT_WRITE_TIMEOUT_S
@@ -381,7 +382,7 @@ class ZeusdBackendConfig(FrozenModel):
     """``backend = "zeusd"``: zeusd's Unix socket (``socket``) or TCP address (``url``,
     ``http://HOST:PORT``), and a file holding its bearer token when zeusd requires one."""
 
-    socket: LoosePath | None = None
+    socket: SocketPath | None = None
     url: str | None = None
     token_file: LoosePath | None = None
     timeout_s: Annotated[float, Field(ge=MIN_REQUEST_TIMEOUT_S, le=10.0, allow_inf_nan=False)] = (

@@ -9,7 +9,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_COUNT, MAX_POWER_W, MAX_SECONDS
+from gpugov.daemon.limits import (
+    MAX_CLOCK_MHZ,
+    MAX_COUNT,
+    MAX_POWER_W,
+    MAX_SECONDS,
+    MAX_SOCKET_PATH_BYTES,
+)
 
 ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
 """A clock, at most :data:`~gpugov.daemon.limits.MAX_CLOCK_MHZ` (as the flags take)."""
@@ -52,6 +58,22 @@ def _path_text(value: Any) -> Any:
 LoosePath = Annotated[
     Path, Field(strict=False), BeforeValidator(_path_text), AfterValidator(_no_nul)
 ]
+
+
+def _socket_fits(value: Path) -> Path:
+    # A longer path cannot be connected to at all (AF_UNIX path too long): check-config
+    # said OK and run held every domain's fail-safe for good.
+    size = len(os.fsencode(str(value)))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"a Unix socket's path holds at most {MAX_SOCKET_PATH_BYTES} bytes, got {size} "
+            f"({str(value)!r:.60}...); choose a shorter one"
+        )
+    return value
+
+
+SocketPath = Annotated[LoosePath, AfterValidator(_socket_fits)]
+"""A Unix socket's path (:data:`LoosePath`) short enough for its address."""
 
 
 def named_directory(value: Any) -> Any:

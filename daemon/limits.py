@@ -55,6 +55,10 @@ MAX_POWER_W = 1_000_000.0
 cap): the largest NVLink domain, 72 GPUs of 1.4 kW each, draws about 100 kW, so a larger
 number is a typo."""
 
+MAX_SOCKET_PATH_BYTES = 107
+"""The longest path a Unix socket's address holds (``sun_path`` less its NUL): the
+actuator's ``--socket`` and a config's ``daemon.actuator.socket`` and ``daemon.zeusd.socket``."""
+
 GPU_UUID_PATTERN = r"(GPU|MIG)-[0-9A-Za-z/-]{1,120}"
 """A GPU or MIG UUID as NVML prints it (``GPU-8f2e...``, ``MIG-GPU-8f2e.../1/0``): a name
 with a space, an escape or nothing after the prefix names no GPU."""
@@ -74,6 +78,7 @@ __all__ = [
     "MAX_RETRIES",
     "MAX_SECONDS",
     "MAX_SEED",
+    "MAX_SOCKET_PATH_BYTES",
     "MAX_SPEED",
     "MIN_PERIOD_S",
 ]

@@ -780,3 +780,24 @@ def test_an_unset_period_follows_the_controllers_when_built_in_code() -> None:
     assert config.daemon.period_s == 0.25 and config.daemon.dry_run
     set_period = GpugovConfig(daemon=DaemonSection(period_s=1.0), domains=(domain,))
     assert set_period.daemon.period_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("daemon", "field"),
+    [
+        ({"backend": "actuator", "actuator": {"socket": "/run/" + "a" * 110}}, "actuator"),
+        ({"backend": "zeusd", "zeusd": {"socket": "/run/" + "z" * 110}}, "zeusd"),
+    ],
+)
+def test_a_socket_path_too_long_for_a_unix_address_is_refused(
+    daemon: dict[str, object], field: str
+) -> None:
+    """A Unix socket's address holds 107 bytes of path: a longer one passed check-config
+    (OK, with a warning that the actuator is unreachable 'until it answers') and run held
+    every domain's fail-safe for good. The actuator's own --socket refuses it."""
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"daemon": daemon, **MINIMAL}, "node.toml")
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"node.toml: daemon.{field}.socket: ")
+    assert "at most 107 bytes" in lines[0]
