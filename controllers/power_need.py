@@ -113,12 +113,14 @@ class BudgetGuard(ControllerWrapper):
     A tick without a budget passes through unchanged. A controller that reports no need
     (no model: ``max``, ``reactive``, the peers; ``mpc-online`` in its warm-up) is held
     by the power the domain measured over the last period instead
-    (:meth:`_measured_cap`): above the budget, the clock is capped at the clock that
-    drew that power scaled by budget / power (power above idle grows at least in
-    proportion to the clock, so each step closes most of the excess, and the cap is
-    lowered again only once the clock has come down to it); under
-    :data:`MEASURED_RELEASE_SHARE` of it, the cap rises by :data:`MEASURED_RAISE_SHARE`
-    of the clock range a decision until it lapses; with no power reading it lapses. The
+    (:meth:`_measured_cap`), judged above its idle draw (:attr:`idle_floor_w`): above the
+    budget, the clock is capped at the clock that drew that power scaled by
+    (budget - idle) / (power - idle) (power above idle grows at least in proportion to
+    the clock, so each step closes most of the excess, and the cap is lowered again only
+    once the clock has come down to it); with the power above idle under
+    :data:`MEASURED_RELEASE_SHARE` of the budget above idle, the cap rises by
+    :data:`MEASURED_RAISE_SHARE` of the clock range a decision until it lapses; with no
+    power reading it lapses. The
     guard never raises a clock above
     the inner decision except over budget, to the TPOT clock or the slowest faster clock
     whose power fits.
@@ -152,6 +154,10 @@ class BudgetGuard(ControllerWrapper):
         self.measured_cap_mhz: float | None = None
         """With no need reported, the clock the measured power holds the budget at (None:
         none binds)."""
+        self.idle_floor_w: float | None = None
+        """The lowest power the domain drew over a period with no work in hand (None: none
+        seen yet): the part of its power no clock removes."""
+        self._had_work = True
 
     def __call__(self, observation: ServingObservation) -> float:
         decision = float(self.inner(observation))
@@ -200,19 +206,28 @@ class BudgetGuard(ControllerWrapper):
         power = observation.power_w
         applied = observation.requested_clock_mhz
         cap = self.measured_cap_mhz
+        had_work, self._had_work = self._had_work, observation.has_work
         if not clocks or power is None or not math.isfinite(power) or power <= 0.0:
             # No reading to hold the budget by: no cap (the GPUs' own limit still holds).
             self.measured_cap_mhz = None
             return None
+        if not (had_work or observation.has_work):
+            # A whole period with no work in hand: its power is the domain's idle draw.
+            self.idle_floor_w = min(power, self.idle_floor_w or math.inf)
+        # The clock moves only the power above the idle draw: the excess and the
+        # headroom are judged there (a board idling near its budget otherwise never read
+        # under 90 % of it, and a cap once lowered was kept for good).
+        floor = self.idle_floor_w or 0.0
+        floor = floor if floor < budget else 0.0
         if applied is None or not math.isfinite(applied):
             applied = clocks[-1] if cap is None else cap
         if power > budget and (cap is None or applied <= cap + 1e-9):
             # Scaled from the clock that drew the power; a cap the chain has not brought
             # the clock down to yet (its dwell) waits for a reading taken there.
-            wanted = applied * budget / power
+            wanted = applied * (budget - floor) / max(power - floor, 1e-9)
             index = int(np.searchsorted(clocks, wanted + 1e-9, side="right"))
             cap = clocks[max(index - 1, 0)]
-        elif cap is not None and power <= MEASURED_RELEASE_SHARE * budget:
+        elif cap is not None and power - floor <= MEASURED_RELEASE_SHARE * (budget - floor):
             raised = cap + MEASURED_RAISE_SHARE * (clocks[-1] - clocks[0])
             # The clock at or above it: on a coarse grid a step inside a gap still moves.
             index = int(np.searchsorted(clocks, raised - 1e-9, side="left"))

@@ -17,6 +17,7 @@ from gpugov.daemon.controller_config import OnlineMPCControllerConfig
 from gpugov.daemon.controller_spec import parse_controller_spec
 from gpugov.daemon.decide import ControllerContext, build_controller
 from gpugov.plant import PlantSimulation, ServingPlant, chunked_prefill_scheduler, simulate
+from gpugov.plant.synthetic_profiles import BASE, shape_profile
 from gpugov.plant.types import Request, ServingObservation
 
 
@@ -284,9 +285,10 @@ def test_a_controller_without_a_need_is_held_by_the_power_measured() -> None:
     """No model (``max``, ``reactive``, the peers, ``mpc-online`` in its warm-up): the
     power the domain drew over the last period holds the budget. Over it, the clock is
     the applied one scaled by budget / power; well under it, the cap rises a tenth of
-    the range a decision and lapses; with no reading, nothing binds."""
+    the range a decision and lapses; with no reading, nothing binds. (Every reading is
+    taken with work in hand: none is an idle draw.)"""
     guard = BudgetGuard(_Planned(1800.0, None))
-    clocks = {"supported_clocks_mhz": CLOCKS}
+    clocks = {"supported_clocks_mhz": CLOCKS, "decode_active": 8}
     over = replace(_observation(300.0), power_w=450.0, requested_clock_mhz=1800.0, **clocks)
     assert guard(over) == 1200.0  # 1800 x 300 / 450
     assert guard.capped_decisions == 1 and guard.measured_cap_mhz == 1200.0
@@ -422,3 +424,46 @@ def test_budget_guard_prices_the_need_every_decision_only_while_the_budget_can_b
     for tick in range(8, 12):  # a budget that can bind: at every decision
         guard(replace(_observation(400.0), time_s=0.25 * tick))
     assert inner.calls == 6
+
+
+def test_the_measured_cap_lapses_on_a_board_that_idles_near_its_budget() -> None:
+    """A board idling at 600 W under a 700 W budget never read under 90 % of it (630 W):
+    a cap lowered during a burst of prompts was kept for good, at 915 MHz, where the
+    steady load after it draws 662 W at the top clock. The headroom is judged above the
+    power the domain drew idle, so the cap lapses once the burst is over."""
+    shape = replace(
+        BASE,
+        name="idles-near-budget",
+        description="idle 600-610 W",
+        idle_min_w=600.0,
+        idle_max_w=610.0,
+        power_limit_w=1300.0,
+        decode_flat_fraction=0.0,
+        decode_static_w=20.0,
+        decode_dynamic_w=60.0,
+        tpot_slo_s=0.03,
+        thermal_resistance_c_per_w=0.03,
+    )
+    plant = ServingPlant.from_profile(shape_profile(shape))
+    burst = [Request(i, 3.0 + 0.05 * i, 4000, 5) for i in range(60)]
+    steady = [Request(100 + i, 11.0 + 0.4 * i, 100, 200) for i in range(150)]
+    workload = (*burst, *steady)
+    budget_w = 700.0
+    context = ControllerContext.for_plant(plant, workload, period_s=1.0, budget_guard=True)
+    chain = build_controller(parse_controller_spec("max"), context)
+    decisions: list[tuple[float, float]] = []
+
+    def budgeted(observation: ServingObservation) -> float:
+        clock = float(chain(replace(observation, power_limit_w=budget_w)))
+        decisions.append((observation.time_s, clock))
+        return clock
+
+    result = simulate(workload, plant, chunked_prefill_scheduler, budgeted, 0, control_period_s=1.0)
+    guard = next(layer for layer in layers(chain) if isinstance(layer, BudgetGuard))
+    assert guard.capped_decisions > 0  # the burst was over the budget
+    top = float(plant.profile.clock_mhz[-1])
+    assert all(clock == top for time_s, clock in decisions if 40.0 <= time_s <= 65.0)
+    assert guard.idle_floor_w is not None and 600.0 <= guard.idle_floor_w <= 610.0
+    start_s, end_s = 40.0, 65.0
+    energy = np.interp([start_s, end_s], result.time_s, result.energy_j)
+    assert float(energy[1] - energy[0]) / (end_s - start_s) <= budget_w
