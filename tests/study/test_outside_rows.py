@@ -71,6 +71,7 @@ class NotAClockBoard:
     not a clock: its exit code, stderr, board and report."""
 
     spec: str
+    module: Path
     code: int
     err: str
     out: Path
@@ -80,7 +81,8 @@ class NotAClockBoard:
 @pytest.fixture(scope="module")
 def not_a_clock_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotAClockBoard]:
     """The board and report of :data:`PACKAGE`'s ``not_a_number``, built once: the tests of
-    the board's count, its warning and the report's lines read the same run."""
+    the board's count, its warning, the report's lines and the software it names read the
+    same run."""
     root = tmp_path_factory.mktemp("not-a-clock")
     name = "study_not_a_clock"
     (root / f"{name}.py").write_text(textwrap.dedent(PACKAGE))
@@ -95,7 +97,7 @@ def not_a_clock_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotA
     finally:
         sys.path.remove(str(root))
         sys.modules.pop(name, None)
-    yield NotAClockBoard(spec, code, err.getvalue(), out, report)
+    yield NotAClockBoard(spec, root / f"{name}.py", code, err.getvalue(), out, report)
 
 
 def test_a_failing_outside_row_leaves_the_board_of_the_other_rows(
@@ -274,7 +276,7 @@ def test_a_sweeps_summary_names_decisions_that_are_not_a_clock_after_a_resume(
 
 
 def test_the_report_names_the_software_and_the_outside_code_it_ran(
-    outside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    not_a_clock_board: NotAClockBoard,
 ) -> None:
     """A figure depends on more than gpugov's version: report.json and the board record
     the libraries that solve and sum it, the checkout's commit when gpugov runs from one,
@@ -286,11 +288,8 @@ def test_the_report_names_the_software_and_the_outside_code_it_ran(
 
     import gpugov
 
-    out, report = tmp_path / "board", tmp_path / "report"
-    spec = f"{outside}:make"
-    argv = ["bench", "controllers", "--tiny", "--jobs", "1", "--out", str(out)]
-    assert main([*argv, "--report", str(report), "--controller", spec]) == 0
-    capsys.readouterr()
+    out, report, spec = not_a_clock_board.out, not_a_clock_board.report, not_a_clock_board.spec
+    assert not_a_clock_board.code == 0, not_a_clock_board.err
     published = json.loads((report / "report.json").read_text())
     versions = published["versions"]
     assert json.loads((out / "scoreboard.json").read_text())["versions"] == versions
@@ -308,7 +307,7 @@ def test_the_report_names_the_software_and_the_outside_code_it_ran(
     else:
         assert versions["source"] is None
     (source,) = versions["outside_controllers"]
-    module = tmp_path / f"{outside}.py"
+    module = not_a_clock_board.module
     assert source["spec"] == source["factory"] == spec
     assert source["module_file"] == str(module)
     assert source["module_sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()
