@@ -141,7 +141,7 @@ def _reset_one(
                     backend, getattr(daemon, "state_dir", None), budget, say
                 )
                 if error is None:
-                    return left
+                    return None if left is None else PowerLimitLeft(left)
             finally:
                 if not hung:
                     _close_reset(backend, calls, budget)
@@ -149,6 +149,11 @@ def _reset_one(
             break
         sleep(RESET_BACKOFF_S * 2**attempt)
     return str(error)
+
+
+class PowerLimitLeft(str):
+    """What :func:`_reset_one` gives for a GPU whose clock lock was reset but whose power
+    limit a gpugov run set is left (why, with the command that restores it)."""
 
 
 def _close_reset(backend: Any, calls: SerialCalls, budget: _ResetBudget) -> None:
@@ -410,18 +415,28 @@ def cmd_reset_clocks(args: argparse.Namespace) -> int:
 
     newer = newer_record(resolve_state_dir(config.daemon.state_dir if config else None))
     failed: dict[str, str] = {}
+    capped: list[str] = []  # clock reset, a power limit gpugov set left
     outcomes = _reset_together(gpus, kind, emulator, config.daemon if config else None, budget)
     for gpu, (error, said) in zip(gpus, outcomes, strict=True):
         for line in said:
             print(line)
-        if error is None:
+        if error is None or isinstance(error, PowerLimitLeft):
             print(f"GPU {gpu}: SM clock lock reset")
-        else:
+        if isinstance(error, PowerLimitLeft):
+            capped.append(str(gpu))
+            print(printable(f"GPU {gpu}: power limit NOT restored: {error}"), file=sys.stderr)
+        elif error is not None:
             failed[str(gpu)] = error
             reason = error.removeprefix(f"GPU {gpu}: ")  # "GPU 1: NOT reset: GPU 1: ..." was
             print(printable(f"GPU {gpu}: NOT reset: {reason}"), file=sys.stderr)
     if newer is not None:  # the clocks are reset all the same: they need no record
         fail(newer)
+    if capped and not failed:  # every clock reset: not 'they may still be locked'
+        return fail(
+            f"{len(capped)} of {len(gpus)} GPU(s) keep a power limit gpugov set: "
+            f"{', '.join(capped)}; they may still be capped",
+            EXIT_NOT_RESET,
+        )
     if not failed:
         return EXIT_OK if newer is None else int(ExitCode.USAGE)
     # Refused everywhere is exit 3, but the GPUs may be as locked as after any other

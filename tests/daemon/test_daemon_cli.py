@@ -382,8 +382,19 @@ def test_reset_clocks_through_a_backend_that_sets_no_power_limit_names_the_one_l
     config = tmp_path / "node.toml"
     config.write_text(f'[daemon]\nstate_dir = "{tmp_path}"\n[[domains]]\nname = "x"\ngpus = [0]\n')
     assert node_cli.main(["reset-clocks", "--config", str(config), "--gpus", "0"]) == 6
-    err = capsys.readouterr().err
-    assert "its power limit, which a gpugov run set (700 W before), is not restored" in err
+    captured = capsys.readouterr()
+    err = captured.err
+    # Its clock lock was reset: said so, and the GPU is not called possibly still locked
+    # (it was named 'NOT reset' and 'they may still be locked').
+    assert "GPU 0: SM clock lock reset" in captured.out and fake.gpus[0].locked is None
+    assert "may still be locked" not in err and "NOT reset" not in err
+    assert err.strip().splitlines()[-1] == (
+        "gpugov: error: 1 of 1 GPU(s) keep a power limit gpugov set: 0; they may still be capped"
+    )
+    assert (
+        "GPU 0: power limit NOT restored: its power limit, which a gpugov run set (700 W "
+        "before), is not restored" in err
+    )
     assert "`gpugov reset-clocks --config FILE --backend nvml --gpus 0` as root" in err
     assert "`nvidia-smi -i 0 -pl 700`" in err
     assert LockState(tmp_path).get_power_limit(fake.gpus[0].uuid) is not None  # kept
