@@ -445,7 +445,10 @@ class KeepAliveFetcher:
                         f"({', '.join(v.strip()[:20] for v in lengths)}); not read as a page"
                     )
                 length = response.getheader("Content-Length")
-                if length is not None and length.isdigit() and int(length) > self.max_bytes:
+                # ASCII digits alone: '²' passes isdigit() and int() refuses it.
+                if length is not None and not (length.isascii() and length.isdigit()):
+                    length = None  # as http.client reads it: no length
+                if length is not None and int(length) > self.max_bytes:
                     connection.close()
                     raise EngineParseError(
                         f"{url}: the metrics page is {int(length)} bytes, over the "

@@ -1539,3 +1539,35 @@ def test_an_ipv6_address_is_named_in_brackets_with_its_port() -> None:
     with pytest.raises(EngineUnavailable) as refused:
         VllmSource(url, timeout_s=2.0).scrape()
     assert str(refused.value) == f"{url}: connection refused (nothing listens on [::1]:{port})"
+
+
+@pytest.mark.parametrize("length", [b"\xb2", b"1\xb9"])
+def test_a_content_length_of_other_digits_is_read_as_none(length: bytes) -> None:
+    """A Content-Length of '²' (latin-1 0xB2) passed isdigit() and int() refused it: a
+    ValueError out of the fetcher, a traceback from ``gpugov status --engine-url``.
+    http.client reads such a length as none, and so does the page's size check now."""
+    import socket
+    import threading
+
+    import gpugov.daemon.scrape as scrape
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                + length
+                + b"\r\nConnection: close\r\n\r\n"
+                + body
+            )
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    try:
+        assert scrape.KeepAliveFetcher()(url, 5.0) == body.decode()
+    finally:
+        listener.close()
