@@ -122,6 +122,26 @@ def ignored_target_warnings(config: GpugovConfig) -> list[str]:
     ]
 
 
+def ignored_backend_warnings(config: GpugovConfig) -> list[str]:
+    """A line for each backend's setting the configured backend ignores (``emulator`` or
+    a ``[daemon.zeusd]`` table under another ``backend``): the backend line forgotten,
+    the node drives other GPUs than meant, where ``--emulator`` with another backend is
+    refused."""
+    d = config.daemon
+    lines = []
+    if d.emulator is not None and d.backend != "emulated":
+        lines.append(
+            f'daemon.emulator is set, but backend = "{d.backend}" ignores it (only backend = '
+            '"emulated" uses it); set backend = "emulated", or drop emulator'
+        )
+    if d.zeusd is not None and d.backend != "zeusd":
+        lines.append(
+            f'[daemon.zeusd] is set, but backend = "{d.backend}" ignores it (only backend = '
+            '"zeusd" uses it); set backend = "zeusd", or drop the table'
+        )
+    return lines
+
+
 def pool_warnings(config: GpugovConfig, pools: Mapping[int, str]) -> list[str]:
     """One line per domain that does not match a disaggregated emulator's pools
     (``pools``: each GPU's pool role, :func:`daemon.emulated.emulated_gpu_roles`): over

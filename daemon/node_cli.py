@@ -97,6 +97,7 @@ def _run_node(args: argparse.Namespace) -> int:
         raise UsageError("gpugov run needs --config FILE (or --simulate)")
     from gpugov.daemon.node_check import (
         config_inputs,
+        ignored_backend_warnings,
         ignored_target_warnings,
         period_warnings,
         shared_budget_file_warnings,
@@ -113,6 +114,7 @@ def _run_node(args: argparse.Namespace) -> int:
     )
     setup_logging(args.log_level or config.daemon.log_level)
     for line in [
+        *ignored_backend_warnings(config),
         *ignored_target_warnings(config),
         *period_warnings(config),
         *shared_engine_warnings(config),
@@ -329,6 +331,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     warning line (exit 0)."""
     from gpugov.daemon.node_check import (
         check_node,
+        ignored_backend_warnings,
         ignored_target_warnings,
         period_warnings,
         shared_budget_file_warnings,
@@ -359,6 +362,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return exit_code(problems[0]) or EXIT_FAILURE
     for line in [
         *slo_warnings(config),
+        *ignored_backend_warnings(config),
         *ignored_target_warnings(config),
         *period_warnings(config),
         *shared_engine_warnings(config),

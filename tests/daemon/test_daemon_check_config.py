@@ -897,3 +897,31 @@ def test_a_lock_record_of_a_newer_gpugov_is_refused_as_run_refuses_it(
     assert record.read_text() == '{"version": 3, "gpus": {}}'
     assert node_cli.main(["run", "--config", str(path)]) == 2  # the same refusal
     assert f"{record}: lock record version 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("daemon", "tables", "said"),
+    [
+        ('emulator = "http://127.0.0.1:9"', "", 'daemon.emulator is set, but backend = "nvml"'),
+        ("", '[daemon.zeusd]\nsocket = "/run/z.sock"\n', "[daemon.zeusd] is set, but backend"),
+    ],
+)
+def test_a_backends_settings_under_another_backend_are_said(
+    fake: FakeNvml,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    daemon: str,
+    tables: str,
+    said: str,
+) -> None:
+    """An emulator address, or a [daemon.zeusd] table, under backend = "nvml" (the
+    operator forgot the backend line) was ignored without a word: check-config said OK
+    and run drove the real GPUs, where ``--emulator`` with another backend is refused."""
+    path = _write(tmp_path, daemon=daemon, tables=tables)
+    assert node_cli.main(["check-config", str(path)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if said in line]
+    assert len(warnings) == 1 and warnings[0].startswith("gpugov: warning: "), warnings
+    with caplog.at_level("WARNING", logger="gpugov"):
+        assert _run_code(path) == -1
+    assert any(said in message for message in caplog.messages), caplog.messages
