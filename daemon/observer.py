@@ -82,6 +82,7 @@ from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import EngineUnavailable
 from gpugov.daemon.gpu_sampling import DomainGpus
 from gpugov.daemon.in_flight import InFlightRequests
+from gpugov.daemon.safety import THERMAL_STALE_S
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,8 @@ class DomainObserver:
             backends, log_every_s=log_every_s, read_deadline_s=gpu_read_deadline_s
         )
         """The domain's GPUs, sampled each tick (:mod:`daemon.gpu_sampling`)."""
+        self._temperatures: dict[str, tuple[float, float]] = {}
+        """Each GPU's last temperature read: when (``now_s``) and what (C)."""
         self.source = source
         self.stale_after_s = stale_after_s
         self.ttft_slo_s = ttft_slo_s
@@ -590,6 +593,22 @@ class DomainObserver:
             scrape_s=scrape_s,
         )
 
+    def _hottest(self, now_s: float, gpus: tuple[GpuSample, ...]) -> float:
+        """The domain's die temperature: its hottest GPU's. A GPU whose read failed this
+        tick counts at its last reading up to :data:`THERMAL_STALE_S` old, or a failed read
+        on the hottest GPU took the cooler ones' for the domain's (and the thermal guard's
+        cap lifted); NaN when no GPU reads this tick (held, the last one was planned with
+        and recorded as measured for as long as the sensors kept failing)."""
+        read = [(g.gpu, g.temperature_c) for g in gpus if g.temperature_c is not None]
+        if not read:
+            return math.nan
+        self._temperatures.update((gpu, (now_s, temperature)) for gpu, temperature in read)
+        return max(
+            temperature
+            for read_s, temperature in self._temperatures.values()
+            if now_s - read_s <= THERMAL_STALE_S
+        )
+
     def _build(
         self,
         now_s: float,
@@ -600,10 +619,7 @@ class DomainObserver:
     ) -> ServingObservation:
         engine = self._last or EngineSample(engine="none", running_requests=0, waiting_requests=0)
         base = self._window_base if new_scrape else None
-        temperatures = [g.temperature_c for g in gpus if g.temperature_c is not None]
-        # NaN when no GPU's reads this tick: held, the last one was planned with and
-        # recorded as measured for as long as the sensor kept failing.
-        temperature_c = max(temperatures) if temperatures else math.nan
+        temperature_c = self._hottest(now_s, gpus)
         clocks_now = [g.sm_clock_mhz for g in gpus if g.sm_clock_mhz is not None]
         utilizations = [g.utilization for g in gpus if g.utilization is not None]
         supported = self.gpus.supported_clocks_mhz()

@@ -664,3 +664,21 @@ def test_the_engine_back_line_names_its_url(caplog: pytest.LogCaptureFixture) ->
     assert caplog.records[-1].getMessage() == (
         f"engine scrape back after 2 failed scrape(s) (2.0 s): {url}"
     )
+
+
+def test_a_failed_read_on_the_hottest_gpu_keeps_its_last_temperature_for_a_while() -> None:
+    """The domain's temperature is its hottest GPU's: where that GPU's read fails and a
+    cooler one's does not, its last reading counts for up to THERMAL_STALE_S (the cooler
+    GPU's was taken for the domain's, and the thermal guard's cap lifted for the tick);
+    a sensor that keeps failing past that is left out."""
+    hot, cool = StubGpu("0"), StubGpu("1")
+    observer = DomainObserver([hot, cool], StubSource(), stale_after_s=3.0)
+    hot.next = GpuSample("0", temperature_c=84.0, sm_clock_mhz=1410)
+    cool.next = GpuSample("1", temperature_c=61.0, sm_clock_mhz=1410)
+    assert observer.observe(0.0, 0, None).observation.temperature_c == 84.0
+    hot.next = GpuSample("0", sm_clock_mhz=1410, read_errors=("temperature",))
+    assert observer.observe(1.0, 1, None).observation.temperature_c == 84.0
+    assert observer.observe(10.0, 2, None).observation.temperature_c == 84.0
+    assert observer.observe(10.5, 3, None).observation.temperature_c == 61.0
+    cool.next = GpuSample("1", sm_clock_mhz=1410, read_errors=("temperature",))
+    assert math.isnan(observer.observe(11.0, 4, None).observation.temperature_c)
