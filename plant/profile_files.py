@@ -278,6 +278,32 @@ def _read_csv(path: Path, text: str, power_limit_w: float) -> dict[str, NDArray[
     return _one_row_per_clock(path, columns, line_numbers)
 
 
+MIN_PEAK_POWER_SHARE = 0.01
+"""The least share of the manifest's ``power_limit_w`` the table's highest prefill or decode
+power may be. A board serving a model draws far more than this (the bundled profiles' peaks
+are 80-95 % of their limits); a table written in kW (0.6 for 600 W) loaded, and every
+energy figure came out a thousandth of the board's."""
+
+
+def _check_power_unit(
+    columns: Mapping[str, NDArray[np.float64]], power_limit_w: float, path: Path
+) -> None:
+    """Refuse a table whose serving powers lie under :data:`MIN_PEAK_POWER_SHARE` of the
+    limit: a unit slip (kW), not a board.
+
+    Raises:
+        ProfileError: naming the CSV, its highest power and the limit.
+    """
+    peak = float(max(np.max(columns["prefill_power_w"]), np.max(columns["decode_power_w"])))
+    if peak < MIN_PEAK_POWER_SHARE * power_limit_w:
+        raise ProfileError(
+            f"{path}: its highest prefill or decode power is {peak:g} W, under "
+            f"{100 * MIN_PEAK_POWER_SHARE:g}% of the manifest's power_limit_w "
+            f"({power_limit_w:g} W); no board serves at that (a table in kW? the power "
+            "columns are in W)"
+        )
+
+
 def _blank_row(row: Mapping[str | None, Any]) -> bool:
     """Whether a :class:`csv.DictReader` row holds nothing but empty or blank cells (a
     short row's missing cells are None, a long row's extra cells a list under None)."""
@@ -521,6 +547,7 @@ def load_profile(name_or_path: str | Path) -> PerformanceProfile:
     _check_named_csv_is_read(name_or_path, manifest_path, csv_path)
     csv_text, csv_sha256 = _read_profile_file(csv_path)
     columns = _read_csv(csv_path, csv_text, float(manifest["power_limit_w"]))
+    _check_power_unit(columns, float(manifest["power_limit_w"]), csv_path)
     clocks = columns["clock_mhz"]
     lowest, highest = float(clocks[0]), float(clocks[-1])
     step = manifest.get("clock_step_mhz")

@@ -748,6 +748,33 @@ def test_a_csv_power_far_above_the_power_limit_is_refused(
     )
 
 
+def test_a_csv_whose_powers_are_in_kilowatts_is_refused(tmp_path: Path) -> None:
+    """A table written in kW (0.6 for 600 W) against a 700 W limit loaded: every energy
+    figure came out a thousandth of the board's, and no power budget ever bound. A board
+    serving at under 1 % of its power limit is none; a table at 10 % of it still loads."""
+    manifest, csv_path = copy_profile(tmp_path)
+    lines = csv_path.read_text().splitlines()
+    scaled = [lines[0]]
+    for line in lines[1:]:
+        cells = line.split(",")
+        scaled.append(",".join([*cells[:3], *(f"{float(c) / 1000:.6g}" for c in cells[3:])]))
+    csv_path.write_text("\n".join(scaled) + "\n")
+    with pytest.raises(ProfileError) as caught:
+        load_profile(manifest)
+    peak = max(float(c) for line in scaled[1:] for c in line.split(",")[3:5])
+    assert str(caught.value) == (
+        f"{csv_path}: its highest prefill or decode power is {peak:g} W, under 1% of the "
+        "manifest's power_limit_w (700 W); no board serves at that (a table in kW? the power "
+        "columns are in W)"
+    )
+    tenth = [lines[0]]
+    for line in lines[1:]:
+        cells = line.split(",")
+        tenth.append(",".join([*cells[:3], *(f"{float(c) / 10:.6g}" for c in cells[3:])]))
+    csv_path.write_text("\n".join(tenth) + "\n")
+    assert load_profile(manifest).decode_power_w.max() < 70.0
+
+
 def test_a_clock_above_what_a_node_can_lock_is_refused(tmp_path: Path) -> None:
     """The daemon's flags and config take clocks up to ``MAX_CLOCK_MHZ``; a profile
     listed 1e9 MHz and loaded."""
