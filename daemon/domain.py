@@ -38,6 +38,7 @@ from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
     ThermalGuard,
+    failsafe_clock,
     held_by_node,
     invalid_decisions,
     raw_decision,
@@ -194,18 +195,23 @@ class Domain:
         elif isinstance(self.controller, PowerCapping):
             self.power_limits.apply(self.controller.requested_power_cap_w)
 
-    def _failsafe_clock(self, now_s: float) -> tuple[float | None, int]:
+    def _failsafe_clock(
+        self, now_s: float, observation: ServingObservation | None = None
+    ) -> tuple[float | None, int]:
         """Apply the fail-safe at ``now_s``: lock the top clock (``"max"``) or unlock, which
-        runs the GPUs up to it; the safety chain then holds the top clock for its dwell. A
-        power cap the controller set gives way to the GPUs' own limits either way."""
+        runs the GPUs up to it; the safety chain then holds that clock for its dwell. With
+        the die near a stated thermal limit (``observation``'s readings) the clock the
+        chain's thermal guard allows is locked instead, in either mode. A power cap the
+        controller set gives way to the GPUs' own limits either way."""
         self._apply_cap(failsafe=True)
         top = self.observer.gpus.supported_clocks_mhz()[-1]
-        if self.failsafe_mode == "max":
-            writes = self.actuator.apply(int(top))
+        clock = failsafe_clock(self.controller, top, observation)
+        if self.failsafe_mode == "max" or clock < top:
+            writes = self.actuator.apply(int(clock))
         else:
             writes = self.actuator.unlock()
-        held_by_node(self.controller, top, now_s)
-        return (top if self.failsafe_mode == "max" else None), writes
+        held_by_node(self.controller, clock, now_s)
+        return (clock if self.failsafe_mode == "max" or clock < top else None), writes
 
     def _failsafe(self, observed: Observed) -> tuple[float | None, int]:
         if not self.failsafe_active:
@@ -222,7 +228,7 @@ class Domain:
                 note or "",
             )
         self.fallbacks["engine_stale"] = self.fallbacks.get("engine_stale", 0) + 1
-        return self._failsafe_clock(observed.observation.time_s)
+        return self._failsafe_clock(observed.observation.time_s, observed.observation)
 
     def _controller_failed(self, error: Exception, now_s: float, step: int) -> None:
         """Count a controller exception, or an outside controller's missed deadline
@@ -403,7 +409,7 @@ class Domain:
             self.fallbacks["actuator_unavailable"] = (
                 self.fallbacks.get("actuator_unavailable", 0) + 1
             )
-            requested, writes = self._failsafe_clock(now_s)
+            requested, writes = self._failsafe_clock(now_s, observed.observation)
         elif observed.engine_fresh:
             if self.failsafe_active:
                 self.failsafe_active = False
@@ -418,7 +424,7 @@ class Domain:
             except Exception as error:  # survived per tick; N in a row stop the daemon
                 self._controller_failed(error, now_s, step)
                 failed = True
-                requested, writes = self._failsafe_clock(now_s)
+                requested, writes = self._failsafe_clock(now_s, observed.observation)
             else:
                 if self.controller_failures:
                     log.log(

@@ -42,6 +42,7 @@ from gpugov.daemon.safety import (
     DEFAULT_DWELL_S,
     DEFAULT_MIN_RELOCK_INTERVAL_S,
     SafetySettings,
+    failsafe_clock,
     held_by_node,
 )
 from gpugov.daemon.service import CONTROLLER_HISTORY_STEPS
@@ -340,11 +341,17 @@ def replay(
             domain = tick_domain(f"{path}:{number}:", row, controllers)
             if row.get("failsafe") or row.get("requested_mhz") is None:
                 report.skipped_failsafe += 1
-                # The node locked (or unlocked to) the top clock outside the chain: its
-                # dwell and relock interval count from there, as on the node.
+                # The node locked (or unlocked to) the top clock outside the chain, or
+                # the clock the thermal guard allowed: its dwell and relock interval
+                # count from there, as on the node.
                 time_s = finite_number(row.get("time_s"))
                 if time_s is not None:
-                    top = float(max(domains[domain]["supported_clocks_mhz"]))
+                    clocks = domains[domain]["supported_clocks_mhz"]
+                    try:
+                        seen = observation_from_dict(row["observation"], clocks)
+                    except (KeyError, TypeError, ValueError):
+                        seen = None  # as the node, which then held the top clock
+                    top = failsafe_clock(controllers[domain], float(max(clocks)), seen)
                     held_by_node(controllers[domain], top, time_s)
                 continue
             try:

@@ -146,7 +146,11 @@ class ThermalGuard(ControllerWrapper):
         """The last finite temperature and when it was read."""
 
     def __call__(self, observation: ServingObservation) -> float:
-        decision = float(self.inner(observation))
+        return self.capping(float(self.inner(observation)), observation)
+
+    def capping(self, decision: float, observation: ServingObservation) -> float:
+        """``decision`` capped at the clock the die's temperature allows now; the node's
+        fail-safe takes its top clock through here too (:func:`failsafe_clock`)."""
         cap = self._cap(observation)
         self.cap_mhz = cap
         if cap is None or decision <= cap:
@@ -160,7 +164,7 @@ class ThermalGuard(ControllerWrapper):
         now = observation.time_s
         last_call, self._last_call_s = self._last_call_s, now
         if last_call is not None and not 0.0 <= now - last_call <= self.gap_s:
-            # Not called meanwhile (the fail-safe held the top clock): the time at the
+            # Not called meanwhile (an outage with no reading at all): the time at the
             # lowest clock starts again.
             self._lowest_since_s = None
         temperature = observation.temperature_c
@@ -325,6 +329,22 @@ def clamp_layer(controller: ClockController) -> ClampToSupported | None:
             return controller
         controller = controller.inner
     return None
+
+
+def failsafe_clock(
+    controller: ClockController, top_mhz: float, observation: ServingObservation | None
+) -> float:
+    """The clock the node's fail-safe holds: the top clock, capped by the chain's
+    :class:`ThermalGuard` where ``observation`` (the GPUs' readings, read while the engine
+    is not) puts the die within its band of the stated thermal limit. The fail-safe
+    serves blind, not past the limit the node states; the guard's give-up applies."""
+    if observation is None:
+        return top_mhz
+    while isinstance(controller, ControllerWrapper):
+        if isinstance(controller, ThermalGuard):
+            return controller.capping(top_mhz, observation)
+        controller = controller.inner
+    return top_mhz
 
 
 def held_by_node(controller: ClockController, clock_mhz: float, time_s: float) -> None:

@@ -125,3 +125,61 @@ def test_a_long_control_period_still_gives_up_an_unholdable_limit_and_keeps_the_
     assert gapped(_at(0.0, 81.0)) == 300.0
     assert gapped(_at(2 * period_s + THERMAL_GIVE_UP_S, 81.0)) == 300.0
     assert not gapped.unholdable
+
+
+class _EngineDown:
+    """An engine whose page never answers: every tick is the fail-safe's."""
+
+    def scrape(self, timeout_s: float | None = None) -> object:
+        from gpugov.daemon.errors import EngineUnavailable
+
+        raise EngineUnavailable("connection refused")
+
+
+@pytest.mark.parametrize("failsafe", ["max", "unlock"])
+def test_the_fail_safe_serves_blind_but_not_past_the_stated_thermal_limit(failsafe: str) -> None:
+    """With the engine's page down the node holds the top clock (or unlocks), outside the
+    controller, but the GPUs still read: with the die 0.5 C under the stated limit it locks
+    the clock the thermal guard allows (it locked the top clock, past the limit), and once
+    the die cools it holds the top clock again."""
+    from daemon_support import run_ticks
+    from fake_pynvml import FakeNvml
+
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.service import domains_from_config
+
+    fake = FakeNvml(1)
+    fake.gpus[0].temperature_c = 80
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "stale_after_s": 2.5,
+                    "thermal_limit_c": 80.5,
+                    "failsafe": failsafe,
+                    "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    domain.observer.source = _EngineDown()
+    top = max(fake.gpus[0].graphics_clocks_mhz)
+    try:
+        records, _ = run_ticks([domain], 4)
+        assert [record.failsafe for record in records] == [True] * 4
+        held = domain.snapshot().thermal_cap_mhz
+        assert held is not None and held < top
+        assert {record.applied_mhz for record in records} == {held}
+        assert ("nvmlDeviceSetGpuLockedClocks", 0, held, held) in fake.writes
+        fake.gpus[0].temperature_c = 60
+        records, _ = run_ticks([domain], 40)
+        assert records[-1].failsafe
+        assert records[-1].applied_mhz == (top if failsafe == "max" else None)
+    finally:
+        assembled.close()
