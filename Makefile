@@ -13,8 +13,11 @@ LAYERS := plant controllers daemon profiles study
 # so module fixtures are built once; `make test PYTEST_PARALLEL=` runs the suite in one
 # process. The one more: many tests wait on the processes and servers they start (the
 # fault campaign's daemons), and on 2 cores 3 workers ran the suite in 411 s against 555 s.
+# --no-loadscope-reorder: the files go in tests/conftest.py's order (the long ones marked
+# RUN_EARLY first), not xdist's by number of tests, which left a long file with few tests
+# (the device check's) to start last while the other workers sat idle.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min((os.cpu_count() or 1) + 1, 4))")
-PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: demo test lint typecheck bench experiments dashboard deploy-check venv clean
 

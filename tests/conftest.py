@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +12,21 @@ import pytest
 from synthetic import make_plant, make_profile
 
 from gpugov.plant import PerformanceProfile, ServingPlant
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that set ``RUN_EARLY = True`` (long ones with few tests) first, then the rest
+    by their number of tests, most first: under ``--dist loadfile --no-loadscope-reorder``
+    (the Makefile's) each worker takes the files in this order, and a long file scheduled
+    last (xdist's own order is by the number of tests alone) kept one worker busy while the
+    others sat idle."""
+    counts = Counter(item.path for item in items)
+    items.sort(
+        key=lambda item: (
+            not getattr(getattr(item, "module", None), "RUN_EARLY", False),
+            -counts[item.path],
+        )
+    )
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import nvml_guard  # noqa: E402
 
+RUN_EARLY = True  # a long file: tests/conftest.py schedules it before the short ones
+
 
 def test_guard_refuses_and_logs_every_setter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

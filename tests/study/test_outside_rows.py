@@ -17,6 +17,7 @@ import pytest
 
 from gpugov.cli import main
 
+RUN_EARLY = True  # a long file: tests/conftest.py schedules it before the short ones
 PACKAGE = '''
 """Outside governors that misbehave on the plant."""
 
