@@ -75,7 +75,8 @@ Fluid LP lower bound (:func:`fluid_energy_lower_bound`)
     apart, taken at the stretch's corners: no more than any batch in it costs, so a
     manifest's batch bound of up to 10**12 prices in bounded time and memory). Before the
     last arrival ``A`` the GPU draws at least the lowest idle power ``P_idle_min`` at
-    every instant, so the energy up to ``A`` is at least ``P_idle_min * A`` plus, per
+    every instant (or the lowest busy power, where a table lists one below it), so the
+    energy up to ``A`` is at least ``P_idle_min * A`` plus, per
     token served before ``A``, its marginal cost ``energy - P_idle_min * tau``; work
     left at ``A`` costs its full (lowest) energy per token with no time limit. The LP
     (HiGHS) chooses, per window, how many tokens of each phase to serve at each clock,

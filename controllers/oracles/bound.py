@@ -115,8 +115,9 @@ def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dic
         fastest and the cheapest decode token over batch sizes, each its own minimum;
         past :data:`EXACT_BATCHES` batches, at most the least over each stretch of a
         geometric grid),
-        ``decode_marginal_j`` (the lowest joules per decode token above the lowest idle
-        power, ``min_B seconds * (p_dec(B) - P_idle_min)``) and ``idle_w``.
+        ``decode_marginal_j`` (the lowest joules per decode token above the floor,
+        ``min_B seconds * (p_dec(B) - P_floor)``), ``idle_w`` and ``floor_w`` (the least
+        power of any state: the lowest idle power, or a lower busy power a table lists).
     """
     profile = plant.profile
     clocks = profile.clock_mhz.astype(float)
@@ -131,7 +132,6 @@ def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dic
     c_ref = b_ref * float(model.reference_context_tokens)
     t_ref = b_ref / decode_rate
     power_model = profile.decode_power_batch_model
-    idle_floor = float(np.min(idle_power))
 
     def at(batches: FloatArray) -> tuple[FloatArray, FloatArray]:
         """Seconds per decode token and power per clock (rows) at each batch (columns)."""
@@ -145,6 +145,13 @@ def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dic
         )
         return per_token_s, idle_power[:, None] + (decode_power - idle_power)[:, None] * factor
 
+    # The least power the plant draws in any state: the lowest idle power, unless a table
+    # lists a busy power below it (the batch factor is monotone in the batch, so a decode
+    # power's least is at batch 1 or the largest). Measured from the idle power alone, a
+    # busy state drawing less gave a negative marginal cost, paired by the LP with the
+    # fastest batch's seconds, and the bound came out below zero.
+    ends = np.array([1.0, float(plant.max_batch_size)])
+    idle_floor = float(min(np.min(idle_power), np.min(prefill_power), np.min(at(ends)[1])))
     least_s = np.full(clocks.size, np.inf)
     least_j = np.full(clocks.size, np.inf)
     least_marginal_j = np.full(clocks.size, np.inf)
@@ -178,6 +185,7 @@ def phase_token_costs(plant: ServingPlant, minimum_context_tokens: float) -> dic
         "decode_j": least_j,
         "decode_marginal_j": least_marginal_j,
         "idle_w": idle_power,
+        "floor_w": np.asarray(idle_floor),
     }
 
 
@@ -216,7 +224,7 @@ def fluid_energy_lower_bound(
         raise ValueError(f"phases must be some of {PHASES}, got {phases!r}")
     minimum_context = float(min(r.prompt_tokens for r in requests))
     costs = phase_token_costs(plant, minimum_context)
-    idle_floor_w = float(np.min(costs["idle_w"]))
+    idle_floor_w = float(costs["floor_w"])
     prefill_s, prefill_j = costs["prefill_s"], costs["prefill_j"]
     decode_s, decode_j = costs["decode_s"], costs["decode_j"]
     prefill_marginal = prefill_j - idle_floor_w * prefill_s

@@ -24,7 +24,7 @@ from gpugov.controllers.oracles import (
     window_oracle,
 )
 from gpugov.controllers.oracles.bound import _lower_hull
-from gpugov.plant import PlantSimulation, ServingPlant, ServingResult, simulate
+from gpugov.plant import PerformanceProfile, PlantSimulation, ServingPlant, ServingResult, simulate
 from gpugov.plant.types import Request
 
 
@@ -307,3 +307,32 @@ def test_lp_bound_of_an_engine_of_a_trillion_batch_places() -> None:
     assert bound.success and math.isfinite(bound.energy_j) and bound.energy_j > 0.0
     top = simulate(requests, plant, controller=FixedClockController(1980.0))
     assert bound.energy_j <= top.metrics.energy_j
+
+
+def test_the_fluid_bound_holds_where_a_busy_power_lies_below_the_idle_power() -> None:
+    """A table whose decode power at the lowest clocks is under its idle power (a flat
+    250 W idle, decode 120-320 W): the bound measured the floor from the idle power alone,
+    priced the busy seconds below it as a negative cost paired with the fastest batch's
+    seconds, and came out below zero (-8.4 kJ on this trace). The floor is now the least
+    power of any state: the bound is positive and still under every fixed clock's run."""
+    clocks = np.arange(300.0, 1801.0, 150.0)
+    x = clocks / clocks[-1]
+    profile = PerformanceProfile(
+        clock_mhz=clocks,
+        prefill_tokens_per_s=32_000.0 * x,
+        decode_tokens_per_s=5_000.0 * (0.6 + 0.4 * x),
+        prefill_power_w=150.0 + 30.0 * np.arange(clocks.size),
+        decode_power_w=120.0 + 20.0 * np.arange(clocks.size),
+        idle_power_w=np.full(clocks.size, 250.0),
+        ttft_slo_s=1.0,
+        tpot_slo_s=0.05,
+        manifest={"status": "synthetic"},
+        name="busy-below-idle",
+    )
+    plant = make_plant(profile)
+    workload = _workload()
+    bound = fluid_energy_lower_bound(workload, plant)
+    assert bound.success and bound.energy_j > 0.0
+    for clock in clocks[::2]:
+        run = simulate(workload, plant, controller=FixedClockController(float(clock)))
+        assert bound.energy_j <= run.metrics.energy_j
