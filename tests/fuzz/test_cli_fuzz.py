@@ -256,8 +256,9 @@ def bases(f: Files, out: Path) -> dict[str, list[str]]:
         "bench controllers": ["bench", "controllers", "--tiny", "--out", str(out / "bench")],
         "plot": ["plot", str(f.recording), "--out", str(out / "plot.png")],
         "emulate": ["emulate", "--profile", PROFILE, "--address", "127.0.0.1:0"],
+        # Ten times the trace's rate: its 4.5 s of arrivals are sent in real time.
         "load": ["load", "--trace", str(f.trace), "--url", DEAD_URL, "--model", "m",
-                 "--quiet", "--drain", "1"],
+                 "--quiet", "--drain", "1", "--load-scale", "10"],
         "profile": ["profile", "--engine-url", DEAD_URL, "--gpus", "0", "--backend",
                     "emulated", "--out", str(out / "profile")],
         "sweep": ["sweep", "--grid", str(f.grid), "--out", str(out / "sweep")],
