@@ -238,9 +238,12 @@ def best_fixed_pair(
        pool spent the whole tolerance on its own), both clocks rise together along the
        line to the maximum pair, again by bisection, to the lowest point that holds.
 
+    3. The pair kept is the lowest-energy holding pair simulated: the joint answer, unless
+       a pair the searches ran (the maximum pair among them) holds for less.
+
     The lowest holding clock is not always the lowest-energy one (energy per token can
-    rise again at the lowest clocks); this reference does not scan for that. It is a
-    fixed pair, not a per-window schedule."""
+    rise again at the lowest clocks); this reference scans no further than the pairs the
+    searches ran. It is a fixed pair, not a per-window schedule."""
     work = tuple(requests)
     clocks = {role: layout.pool(role).plant.profile.clock_mhz for role in ROLES}
     top = {role: int(clocks[role].size) - 1 for role in ROLES}
@@ -280,7 +283,13 @@ def best_fixed_pair(
             lowest_decode + round(k * gaps[1] / span),
         )
 
-    chosen = along(lowest_holding(lambda k: holds(along(k)), span))
+    lowest = along(lowest_holding(lambda k: holds(along(k)), span))
+    # The cheapest holding pair simulated (the maximum pair among them): on a table whose
+    # power falls as the clock rises, the lowest holding pair cost more than the maximum.
+    chosen = min(
+        (pair for pair in runs if holds(pair)),
+        key=lambda pair: (runs[pair].metrics.energy_j, pair != lowest),
+    )
     evaluations = tuple(
         {
             "prefill_mhz": float(clocks["prefill"][p]),
