@@ -112,6 +112,20 @@ def arrival_baseline(observation: ServingObservation) -> int:
     return observation.arrived_requests if observation.completed_requests > 0 else 0
 
 
+def least_busy_power_w(profile: PerformanceProfile) -> float:
+    """The least power the GPU draws while it serves (domain watts): a prefill or a
+    one-request decode (the batch power model's factor at batch 1, where it has one), at
+    any clock, and never under its lowest idle power. A thermal limit at or under the
+    temperature it holds the die at is held by no clock while the GPU works."""
+    decode = profile.decode_power_w
+    model = profile.decode_power_batch_model
+    if model is not None:
+        factor = min(1.0, model.factor(1, profile.decode_latency_model.reference_batch_size))
+        decode = profile.idle_power_w + (decode - profile.idle_power_w) * factor
+    busy = min(float(np.min(profile.prefill_power_w)), float(np.min(decode)))
+    return max(busy, float(np.min(profile.idle_power_w)))
+
+
 class MPCController:
     """Receding-horizon clock controller (the seed's ``_MPCClockController``).
 
@@ -425,18 +439,20 @@ class MPCController:
 
     def planning_plant(self, observation: ServingObservation) -> ServingPlant:
         """:attr:`plant` held to the thermal limit the node states (the observation's, a
-        domain's ``thermal_limit_c``) where some clock holds it: above the temperature the
-        GPU idles at at its lowest clock. Else the profile's own limit (no clock would keep
-        the die under the stated one, and planning to it would lock the lowest clock)."""
+        domain's ``thermal_limit_c``) where some clock holds it while the GPU serves: above
+        the temperature its least busy draw (:func:`least_busy_power_w`) holds it at.
+        Else the profile's own limit (no clock would keep the die under the stated one,
+        and planning to it would lock the lowest clock, as the safety chain's thermal
+        guard does only until it calls such a limit unholdable)."""
         plant = self.plant
         limit = observation.thermal_limit_c
         if limit is None or not math.isfinite(limit) or limit == plant.thermal_limit_c:
             return plant
         kept = self._stated_plant
         if kept is not None and kept[0] is plant and kept[1].thermal_limit_c == limit:
-            return kept[1]  # checked against the idle temperature when it was made
-        if limit <= plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * float(
-            np.min(plant.profile.idle_power_w)
+            return kept[1]  # checked against the least busy temperature when it was made
+        if limit <= plant.ambient_temperature_c + plant.thermal_resistance_c_per_w * (
+            least_busy_power_w(plant.profile)
         ):
             return plant
         stated = plant.with_overrides(thermal_limit_c=float(limit))

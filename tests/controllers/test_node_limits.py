@@ -50,6 +50,10 @@ def test_mpc_plans_to_the_thermal_limit_the_node_states(kind: str) -> None:
     # 35 C is under the 38.4 C the GPU idles at at its lowest clock: no clock holds it,
     # and the MPC plans to the profile's limit rather than lock the lowest clock.
     assert decisions(35.0) == free
+    # 40 C is above that but under the 42.0 C the least busy draw at the lowest clock
+    # holds (a prefill at 345 MHz, 154 W): no clock holds it while the GPU serves, and
+    # planned to, the MPC locked the lowest clock while the die stayed over it.
+    assert decisions(40.0) == free
     # The problem it priced holds the stated limit; the controller's plant is unchanged.
     controller = MPCController(plant, horizon_s=5.0, latency_model=kind)
     problem = controller.problem(_hot_observation(0.0, 60.0), 1.0)
