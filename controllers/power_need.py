@@ -164,13 +164,17 @@ class BudgetGuard(ControllerWrapper):
         budget = observation.power_limit_w
         if budget is not None and not (np.isfinite(budget) and budget > 0.0):
             budget = None
+        # Every tick, whoever decides: a period is idle when it and the one before it had
+        # no work in hand (the power read is the period's mean).
+        idle_period = not (self._had_work or observation.has_work)
+        self._had_work = observation.has_work
         need = self._need(observation.time_s, budget)
         self.last_need = need
         self.over_budget = False
         self.slipping = "none"
         if need is None and budget is not None and self.enforce:
             self.last_budget_w = float(budget)
-            cap = self._measured_cap(observation, float(budget))
+            cap = self._measured_cap(observation, float(budget), idle_period)
             power = observation.power_w
             self.over_budget = power is not None and math.isfinite(power) and power > budget
             if cap is not None and cap < decision - 1e-9:
@@ -198,7 +202,9 @@ class BudgetGuard(ControllerWrapper):
             self.capped_decisions += 1
         return guarded
 
-    def _measured_cap(self, observation: ServingObservation, budget: float) -> float | None:
+    def _measured_cap(
+        self, observation: ServingObservation, budget: float, idle_period: bool = False
+    ) -> float | None:
         """The clock the domain's measured power (``power_w``, the last period's mean at
         the clock applied then) holds ``budget`` at, for a controller with no model;
         None where none binds or there is no reading."""
@@ -206,12 +212,11 @@ class BudgetGuard(ControllerWrapper):
         power = observation.power_w
         applied = observation.requested_clock_mhz
         cap = self.measured_cap_mhz
-        had_work, self._had_work = self._had_work, observation.has_work
         if not clocks or power is None or not math.isfinite(power) or power <= 0.0:
             # No reading to hold the budget by: no cap (the GPUs' own limit still holds).
             self.measured_cap_mhz = None
             return None
-        if not (had_work or observation.has_work):
+        if idle_period:
             # A whole period with no work in hand: its power is the domain's idle draw.
             self.idle_floor_w = min(power, self.idle_floor_w or math.inf)
         # The clock moves only the power above the idle draw: the excess and the
