@@ -180,7 +180,12 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
     if address == "auto" and (named := _auto_address()) is not None:
         try:
             ray_endpoint(named)
-        except RunnerError:
+        except RunnerError as error:
+            _, colon, port = named.rpartition(":")
+            if colon and port.isascii() and port.isdigit():
+                # HOST:PORT with no port there (99999, 0): ray.init retried it for good.
+                said = str(error).removeprefix(f"--ray {named}: ")
+                raise RunnerError(f"--ray auto: RAY_ADDRESS={printable(named)}: {said}") from None
             return  # a form Ray may read otherwise: left to it
         try:
             check_ray_reachable(named, timeout_s)

@@ -533,3 +533,23 @@ def test_a_bare_mpc_and_one_naming_the_default_profile_are_two_controllers() -> 
     assert sweep_plan._controller_identity("mpc") != sweep_plan._controller_identity(
         "mpc:h100-sxm-llama3-8b"
     )
+
+
+@pytest.mark.parametrize("named", ["127.0.0.1:99999", "127.0.0.1:0", "ray://head:70000"])
+def test_ray_auto_refuses_a_ray_address_whose_port_is_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: str
+) -> None:
+    """RAY_ADDRESS=127.0.0.1:99999 was left to Ray as 'a form Ray may read otherwise', and
+    ray.init hung there for good (ten minutes, deaf to SIGTERM) after --out was made. A
+    HOST:PORT whose port is no port is refused as --ray HOST:PORT would be, without Ray."""
+    ray = pytest.importorskip("ray")
+
+    def joined(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ray.init was reached")  # where it hung
+
+    monkeypatch.setattr(ray, "init", joined)
+    monkeypatch.setenv("RAY_ADDRESS", named)
+    stderr = _refused(tmp_path, "duration_s = 5\n", "--ray", "auto")
+    assert stderr.startswith(
+        f"gpugov: error: --ray auto: RAY_ADDRESS={named}: not a Ray address; use "
+    ), stderr
