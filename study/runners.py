@@ -181,8 +181,8 @@ def check_ray_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) 
         try:
             ray_endpoint(named)
         except RunnerError as error:
-            _, colon, port = named.rpartition(":")
-            if colon and port.isascii() and port.isdigit():
+            _, colon, written = named.rpartition(":")
+            if colon and written.isascii() and written.isdigit():
                 # HOST:PORT with no port there (99999, 0): ray.init retried it for good.
                 said = str(error).removeprefix(f"--ray {named}: ")
                 raise RunnerError(f"--ray auto: RAY_ADDRESS={printable(named)}: {said}") from None
