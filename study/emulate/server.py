@@ -228,7 +228,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             return b""
-        if not raw.strip().isdigit():
+        if not (raw.strip().isascii() and raw.strip().isdigit()):
             raise BadRequestBody(f"malformed Content-Length {raw[:40]!r}")
         length = int(raw)
         if length > MAX_BODY_BYTES:

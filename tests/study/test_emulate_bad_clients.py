@@ -54,12 +54,14 @@ def test_errors_have_current_vllms_shape(emulator: EmulatorServer) -> None:
     assert json.loads(body)["error"]["code"] == 400
 
 
-@pytest.mark.parametrize("length", ["abc", "-5", "1e3", ""])
+@pytest.mark.parametrize("length", ["abc", "-5", "1e3", "", "\u00b2"])
 def test_a_malformed_content_length_is_a_400(emulator: EmulatorServer, length: str) -> None:
+    """Headers are read as Latin-1: a superscript two is a digit to ``str.isdigit`` and
+    no number to ``int`` (it was a 500)."""
     request = (
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
-    ).encode() + COMPLETION
+    ).encode("latin-1") + COMPLETION
     status, _, body = _raw(emulator.url, request)
     assert status == 400
     assert "Content-Length" in json.loads(body)["error"]["message"]
