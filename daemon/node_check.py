@@ -452,14 +452,14 @@ def _check_state_dirs(config: GpugovConfig, report: NodeReport) -> None:
         if newer is not None:
             report.problems.append(newer)
     for directory, (source, kept) in wanted.items():
-        reason = _state_dir_problem(directory)
+        reason = state_dir_problem(directory)
         if reason is not None:
             report.warnings.append(
                 f"{source} {directory}: {reason}; run keeps {kept} there, so a restart learns anew"
             )
 
 
-def _state_dir_problem(directory: Path) -> str | None:
+def state_dir_problem(directory: Path) -> str | None:
     """Why no file could be kept in ``directory`` (created with its parents on the first
     write), or None."""
     if directory.exists():

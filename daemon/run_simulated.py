@@ -34,6 +34,7 @@ from gpugov.daemon.cli_support import (
     wrote,
 )
 from gpugov.daemon.config import default_control_period
+from gpugov.daemon.controller_config import ControllerConfig
 from gpugov.daemon.errors import ExitCode
 from gpugov.daemon.loop import RunStats, ScaledClock, TimedLoop, VirtualClock, run
 from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
@@ -81,6 +82,27 @@ def _learned_model_files(controller: str) -> list[tuple[str, Path]]:
     ]
 
 
+def _check_state_dir(spec: ControllerConfig) -> None:
+    """Refuse, before the run, a state directory where the learner's model cannot be kept
+    (the run learned, then lost the model at its end, saying so only then).
+
+    Raises:
+        UsageError: it is a file, or no directory can be made or written there.
+    """
+    from gpugov.daemon.config import controller_state_dir
+    from gpugov.daemon.files import STATE_DIR_ENV
+    from gpugov.daemon.node_check import state_dir_problem
+
+    directory = controller_state_dir(spec, None)
+    problem = None if directory is None else state_dir_problem(directory)
+    if problem is not None:
+        configured = getattr(spec, "state_dir", None) is not None
+        source = "--controller state_dir" if configured else f"${STATE_DIR_ENV}"
+        raise UsageError(
+            f"{source}={directory}: {problem}; {spec.kind} keeps its learned model there"
+        )
+
+
 def run_simulated(args: argparse.Namespace) -> int:
     """``gpugov run --simulate``: the real loop on the simulated plant, then its summary
     and its saving against the maximum clock on the same trace."""
@@ -106,6 +128,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     if args.control_period is None:
         args.control_period = default_control_period(spec.kind)
     check_slo_target_period(args.slo_target, args.control_period)
+    _check_state_dir(spec)
     safety = safety_from_args(args, profile.clock_mhz)
     trace = args.trace or DEFAULT_TRACE
     workload, report = load_trace_for_cli(

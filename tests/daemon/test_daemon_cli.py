@@ -269,6 +269,27 @@ def test_run_flag_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "argument --speed: must be a speed in (0, 1e+06], got '-1'" in err
 
 
+def test_run_simulate_refuses_a_state_directory_that_is_a_file_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mpc-online`` keeps its learned model in the state directory: one that is a file
+    is one line before the run (it ran the whole simulation, then lost the model it
+    learned, saying so only at the end); a controller that learns nothing runs."""
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--quiet"]
+    assert node_cli.main([*argv, "--controller", "mpc-online"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"gpugov: error: $STATE_DIRECTORY={state}: exists and is not a directory; "
+        "mpc-online keeps its learned model there"
+    ]
+    assert "run --simulate" not in captured.out
+    assert state.read_text() == "not a directory\n"
+    assert node_cli.main([*argv, "--controller", "max"]) == 0
+
+
 def test_reset_clocks(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
     fake.gpus[0].locked = (900, 900)
     assert node_cli.main(["reset-clocks"]) == 0
