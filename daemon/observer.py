@@ -208,6 +208,8 @@ class DomainObserver:
         domain: the domain's name, for those log lines.
         gpu_read_deadline_s: the GPUs' read deadline on a node
             (:class:`~daemon.gpu_sampling.DomainGpus`; None: read on the loop's thread).
+        period_s: the control period, which lengthens how long a GPU's last temperature
+            stands in for a failed read (0: unknown).
 
     Staleness is measured when the scrape returns: the data's age is the time from the
     end of the last successful scrape to the end of this one, so a slow or trickling
@@ -234,6 +236,7 @@ class DomainObserver:
         domain: str = "default",
         tail_quantile: float = DEFAULT_TAIL_QUANTILE,
         gpu_read_deadline_s: float | None = None,
+        period_s: float = 0.0,
     ) -> None:
         if stale_after_s <= 0:
             raise ValueError(f"stale_after_s must be positive, got {stale_after_s!r}")
@@ -241,6 +244,8 @@ class DomainObserver:
             backends, log_every_s=log_every_s, read_deadline_s=gpu_read_deadline_s
         )
         """The domain's GPUs, sampled each tick (:mod:`daemon.gpu_sampling`)."""
+        self.period_s = period_s
+        """The control period the ticks come at (0: unknown)."""
         self._temperatures: dict[str, tuple[float, float]] = {}
         """Each GPU's last temperature read: when (``now_s``) and what (C)."""
         self.source = source
@@ -595,19 +600,17 @@ class DomainObserver:
 
     def _hottest(self, now_s: float, gpus: tuple[GpuSample, ...]) -> float:
         """The domain's die temperature: its hottest GPU's. A GPU whose read failed this
-        tick counts at its last reading up to :data:`THERMAL_STALE_S` old, or a failed read
-        on the hottest GPU took the cooler ones' for the domain's (and the thermal guard's
-        cap lifted); NaN when no GPU reads this tick (held, the last one was planned with
-        and recorded as measured for as long as the sensors kept failing)."""
+        tick counts at its last reading up to :data:`THERMAL_STALE_S` plus one period old
+        (the thermal guard's staleness), or a failed read on the hottest GPU took the
+        cooler ones' for the domain's (and the guard's cap lifted); NaN when no GPU reads
+        this tick (held, the last one was planned with and recorded as measured for as
+        long as the sensors kept failing)."""
         read = [(g.gpu, g.temperature_c) for g in gpus if g.temperature_c is not None]
         if not read:
             return math.nan
         self._temperatures.update((gpu, (now_s, temperature)) for gpu, temperature in read)
-        return max(
-            temperature
-            for read_s, temperature in self._temperatures.values()
-            if now_s - read_s <= THERMAL_STALE_S
-        )
+        oldest_s = now_s - THERMAL_STALE_S - self.period_s
+        return max(t for read_s, t in self._temperatures.values() if read_s >= oldest_s)
 
     def _build(
         self,

@@ -318,6 +318,7 @@ def build_domain(
         domain=name,
         tail_quantile=tail_quantile(slo_target),
         gpu_read_deadline_s=gpu_read_deadline_s,
+        period_s=period_s,
     )
     clocks = observer.gpus.supported_clocks_mhz()
     if not clocks:

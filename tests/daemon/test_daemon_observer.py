@@ -682,3 +682,17 @@ def test_a_failed_read_on_the_hottest_gpu_keeps_its_last_temperature_for_a_while
     assert observer.observe(10.5, 3, None).observation.temperature_c == 61.0
     cool.next = GpuSample("1", sm_clock_mhz=1410, read_errors=("temperature",))
     assert math.isnan(observer.observe(11.0, 4, None).observation.temperature_c)
+
+
+def test_at_a_long_period_the_hottest_gpus_last_reading_still_counts_for_one_tick() -> None:
+    """With ticks 30 s apart (``period_s`` up to 60), the hottest GPU's reading of the
+    tick before counts when its read fails, as the thermal guard's staleness is one period
+    longer too; two ticks on it is left out."""
+    hot, cool = StubGpu("0"), StubGpu("1")
+    observer = DomainObserver([hot, cool], StubSource(), stale_after_s=90.0, period_s=30.0)
+    hot.next = GpuSample("0", temperature_c=84.0, sm_clock_mhz=1410)
+    cool.next = GpuSample("1", temperature_c=61.0, sm_clock_mhz=1410)
+    assert observer.observe(0.0, 0, None).observation.temperature_c == 84.0
+    hot.next = GpuSample("0", sm_clock_mhz=1410, read_errors=("temperature",))
+    assert observer.observe(30.0, 1, None).observation.temperature_c == 84.0
+    assert observer.observe(60.0, 2, None).observation.temperature_c == 61.0
