@@ -22,7 +22,7 @@ from gpugov.plant.types import ClockController, Request
 from gpugov.study.markdown import scenario_title
 
 WARMUP_S = 300.0
-"""The issue's warm-up: capture is also reported over what follows the first 5 minutes."""
+"""The warm-up: capture is also reported over what follows the first 5 minutes."""
 
 
 def energy_after(result: ServingResult, start_s: float) -> float:

@@ -45,7 +45,7 @@ REPORT_SCHEMA = 1
 """Version of ``report.json``'s layout; raised when a field changes meaning."""
 
 TPOT_DEADLINES_S = (0.05, 0.1, 0.25)
-"""Deadlines the per-request TPOT is judged against (the issue's 50, 100 and 250 ms)."""
+"""Deadlines the per-request TPOT is judged against (50, 100 and 250 ms)."""
 
 REPORT_DEFINITIONS = {
     "energy_per_output_token_j": (
