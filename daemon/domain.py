@@ -38,6 +38,7 @@ from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
     ThermalGuard,
+    chain_layer,
     failsafe_clock,
     held_by_node,
     invalid_decisions,
@@ -524,10 +525,10 @@ class Domain:
     def _thermal_guard_status(self) -> dict[str, Any]:
         """The chain's thermal guard's cap and count for the snapshot (none without one:
         an outside controller's chain)."""
-        for layer in layers(self.controller):
-            if isinstance(layer, ThermalGuard):
-                return {"thermal_cap_mhz": layer.cap_mhz, "thermal_capped_total": layer.capped}
-        return {}
+        guard = chain_layer(self.controller, ThermalGuard)
+        if guard is None:
+            return {}
+        return {"thermal_cap_mhz": guard.cap_mhz, "thermal_capped_total": guard.capped}
 
     def lowest_clock_mhz(self) -> float | None:
         """The lowest clock the safety chain lets a lock hold: the floor

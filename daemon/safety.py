@@ -14,8 +14,14 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from gpugov.controllers.contract import ClockController, ControllerWrapper, whole_periods
+from gpugov.controllers.contract import (
+    ClockController,
+    ControllerWrapper,
+    layers,
+    whole_periods,
+)
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
@@ -322,13 +328,17 @@ def with_safety(
     )
 
 
+Layer = TypeVar("Layer")
+
+
+def chain_layer(controller: ClockController, kind: type[Layer]) -> Layer | None:
+    """The chain's outermost layer of ``kind`` (None outside a chain, or none)."""
+    return next((layer for layer in layers(controller) if isinstance(layer, kind)), None)
+
+
 def clamp_layer(controller: ClockController) -> ClampToSupported | None:
     """The chain's :class:`ClampToSupported` layer (None outside a chain)."""
-    while isinstance(controller, ControllerWrapper):
-        if isinstance(controller, ClampToSupported):
-            return controller
-        controller = controller.inner
-    return None
+    return chain_layer(controller, ClampToSupported)
 
 
 def failsafe_clock(
@@ -338,23 +348,18 @@ def failsafe_clock(
     :class:`ThermalGuard` where ``observation`` (the GPUs' readings, read while the engine
     is not) puts the die within its band of the stated thermal limit. The fail-safe
     serves blind, not past the limit the node states; the guard's give-up applies."""
-    if observation is None:
+    guard = chain_layer(controller, ThermalGuard)
+    if guard is None or observation is None:
         return top_mhz
-    while isinstance(controller, ControllerWrapper):
-        if isinstance(controller, ThermalGuard):
-            return controller.capping(top_mhz, observation)
-        controller = controller.inner
-    return top_mhz
+    return guard.capping(top_mhz, observation)
 
 
 def held_by_node(controller: ClockController, clock_mhz: float, time_s: float) -> None:
     """Tell the chain's :class:`MinimumDwell` that the node locked ``clock_mhz`` at
     ``time_s`` without asking it (the fail-safe); nothing outside a chain."""
-    while isinstance(controller, ControllerWrapper):
-        if isinstance(controller, MinimumDwell):
-            controller.held_by_node(clock_mhz, time_s)
-            return
-        controller = controller.inner
+    dwell = chain_layer(controller, MinimumDwell)
+    if dwell is not None:
+        dwell.held_by_node(clock_mhz, time_s)
 
 
 def invalid_decisions(controller: ClockController) -> int:
@@ -379,7 +384,9 @@ __all__ = [
     "MinimumDwell",
     "SafetySettings",
     "ThermalGuard",
+    "chain_layer",
     "clamp_layer",
+    "failsafe_clock",
     "held_by_node",
     "invalid_decisions",
     "raw_decision",
