@@ -15,15 +15,15 @@ from gpugov.plant import PerformanceProfile, ServingPlant
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that set ``RUN_EARLY = True`` (long ones with few tests) first, then the rest
-    by their number of tests, most first: under ``--dist loadfile --no-loadscope-reorder``
-    (the Makefile's) each worker takes the files in this order, and a long file scheduled
-    last (xdist's own order is by the number of tests alone) kept one worker busy while the
-    others sat idle."""
+    """Files that set ``RUN_EARLY`` (long ones with few tests: their rough seconds) first,
+    longest first, then the rest by their number of tests, most first: under ``--dist
+    loadfile --no-loadscope-reorder`` (the Makefile's) each worker takes the files in this
+    order, and a long file scheduled last (xdist's own order is by the number of tests
+    alone) kept one worker busy while the others sat idle."""
     counts = Counter(item.path for item in items)
     items.sort(
         key=lambda item: (
-            not getattr(getattr(item, "module", None), "RUN_EARLY", False),
+            -float(getattr(getattr(item, "module", None), "RUN_EARLY", 0)),
             -counts[item.path],
         )
     )
