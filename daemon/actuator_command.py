@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import re
 import signal
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from gpugov.daemon.actuator_server import (
 )
 from gpugov.daemon.backend import GpuBackend
 from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printable
-from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, MAX_SOCKET_PATH_BYTES
+from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, socket_path_too_long
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 from gpugov.daemon.stop_signals import STOP_SIGNALS, off_handler, signal_name
@@ -96,10 +95,9 @@ def _socket_path(value: str) -> str:
     directory is checked before any GPU is opened, in :func:`run_actuator`)."""
     if not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise argparse.ArgumentTypeError(f"an absolute path, got {value[:60]!r}")
-    if len(os.fsencode(value)) > MAX_SOCKET_PATH_BYTES:
-        raise argparse.ArgumentTypeError(
-            f"a Unix socket path holds at most {MAX_SOCKET_PATH_BYTES} bytes, got {value[:60]!r}..."
-        )
+    too_long = socket_path_too_long(value)
+    if too_long is not None:
+        raise argparse.ArgumentTypeError(too_long)
     return value
 
 

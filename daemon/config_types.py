@@ -14,7 +14,7 @@ from gpugov.daemon.limits import (
     MAX_COUNT,
     MAX_POWER_W,
     MAX_SECONDS,
-    MAX_SOCKET_PATH_BYTES,
+    socket_path_too_long,
 )
 
 ClockMHz = Annotated[float, Field(gt=0, le=MAX_CLOCK_MHZ, allow_inf_nan=False)]
@@ -63,12 +63,9 @@ LoosePath = Annotated[
 def _socket_fits(value: Path) -> Path:
     # A longer path cannot be connected to at all (AF_UNIX path too long): check-config
     # said OK and run held every domain's fail-safe for good.
-    size = len(os.fsencode(str(value)))
-    if size > MAX_SOCKET_PATH_BYTES:
-        raise ValueError(
-            f"a Unix socket's path holds at most {MAX_SOCKET_PATH_BYTES} bytes, got {size} "
-            f"({str(value)!r:.60}...); choose a shorter one"
-        )
+    too_long = socket_path_too_long(str(value))
+    if too_long is not None:
+        raise ValueError(f"{too_long}; choose a shorter one")
     return value
 
 

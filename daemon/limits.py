@@ -3,6 +3,8 @@ value is accepted or refused the same way wherever it is given."""
 
 from __future__ import annotations
 
+import os
+
 MIN_PERIOD_S = 0.05
 """Shortest control period anywhere: ``daemon.period_s``, every ``--control-period`` and a
 sweep grid's ``control_period_s`` (a shorter one only spins the loop; 1e-9 never ends)."""
@@ -59,6 +61,20 @@ MAX_SOCKET_PATH_BYTES = 107
 """The longest path a Unix socket's address holds (``sun_path`` less its NUL): the
 actuator's ``--socket`` and a config's ``daemon.actuator.socket`` and ``daemon.zeusd.socket``."""
 
+
+def socket_path_too_long(path: str) -> str | None:
+    """Why ``path`` cannot be a Unix socket's address (longer than
+    :data:`MAX_SOCKET_PATH_BYTES`: connecting fails with ``AF_UNIX path too long``), or
+    None."""
+    size = len(os.fsencode(path))
+    if size <= MAX_SOCKET_PATH_BYTES:
+        return None
+    return (
+        f"a Unix socket's path holds at most {MAX_SOCKET_PATH_BYTES} bytes, got {size} "
+        f"({path!r:.60}...)"
+    )
+
+
 GPU_UUID_PATTERN = r"(GPU|MIG)-[0-9A-Za-z/-]{1,120}"
 """A GPU or MIG UUID as NVML prints it (``GPU-8f2e...``, ``MIG-GPU-8f2e.../1/0``): a name
 with a space, an escape or nothing after the prefix names no GPU."""
@@ -81,4 +97,5 @@ __all__ = [
     "MAX_SOCKET_PATH_BYTES",
     "MAX_SPEED",
     "MIN_PERIOD_S",
+    "socket_path_too_long",
 ]
