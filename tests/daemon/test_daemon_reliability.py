@@ -32,7 +32,7 @@ from gpugov.daemon.errors import (
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.exposition import parse_page
 from gpugov.daemon.gpu_open import open_backend
-from gpugov.daemon.lockstate import LockState
+from gpugov.daemon.lockstate import LockState, StateDirectoryHeld
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.observer import DomainObserver
@@ -1162,7 +1162,16 @@ def test_a_second_daemon_keeping_a_domain_of_the_same_name_in_one_model_director
             "own state_dir (or its domains other names)"
         )
         assert fake.calls.get("nvmlDeviceSetGpuLockedClocks", 0) == 0  # nothing was touched
-        LockState(tmp_path / "b").hold()  # the refused start let its own directory go
+        # The refused start lets its own directory go, on a worker thread the close waits
+        # for at most a write's deadline (under load it may finish after the raise).
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                LockState(tmp_path / "b").hold()
+                break
+            except StateDirectoryHeld:
+                assert time.monotonic() < deadline, "the refused start kept its directory"
+                time.sleep(0.05)
         # A domain of another name may keep its model there too.
         domains_from_config(config("c", third=2), nvml=fake).close()
         # A dry run saves no model and holds nothing: it may watch beside a running one.
