@@ -430,7 +430,8 @@ class ClockActuator(LockReconcile, ExitResets):
         A write that went through is remembered (:meth:`_holds`); one past its deadline
         hangs that GPU (:meth:`_write_hung`, from the lock ``before`` it); one that failed
         for now is handed to ``transient`` (the GPU's writer, the range written, the
-        error), which returns the writes its fallback made. A fatal error is counted and
+        error), which returns the writes its fallback made. A fatal error (the write's, or
+        its fallback's: a GPU lost meanwhile) is counted and
         handed to ``on_fatal``, then raised at once without a deadline (the writes are
         made one after another, so none other has started), else kept until every write
         started has its outcome. The writes that went through are added to ``writes``
@@ -445,27 +446,33 @@ class ClockActuator(LockReconcile, ExitResets):
         for (writer, finish), (_, wanted) in zip(
             self._write_together(planned), planned, strict=True
         ):
+            failure: GpuError | None = None
             try:
                 finish()
-            except ClockWriteHung as error:
+            except ClockWriteHung as hung:
                 what, held = ("reset", None) if wanted is None else ("lock", wanted[1])
-                self._write_hung(writer, what, error, before[writer.label], held)
+                self._write_hung(writer, what, hung, before[writer.label], held)
                 continue
             except TransientGpuError as error:
-                written += transient(writer, wanted, error)
+                try:
+                    written += transient(writer, wanted, error)
+                    continue
+                except GpuError as lost:  # its fallback's write found the GPU lost
+                    failure = lost
+            except GpuError as refused:
+                failure = refused
+            if failure is None:
+                writer.succeeded()
+                self._holds(writer.backend, wanted)
+                written += 1
                 continue
-            except GpuError as error:
-                writer.count_failure()
-                if on_fatal is not None:
-                    on_fatal(writer, error)
-                if writer.deadline_s is None:
-                    self.writes += written
-                    raise
-                fatal = fatal or error  # raised once every write started has its outcome
-                continue
-            writer.succeeded()
-            self._holds(writer.backend, wanted)
-            written += 1
+            writer.count_failure()
+            if on_fatal is not None:
+                on_fatal(writer, failure)
+            if writer.deadline_s is None:
+                self.writes += written
+                raise failure
+            fatal = fatal or failure  # raised once every write started has its outcome
         self.writes += written
         return written, fatal
 

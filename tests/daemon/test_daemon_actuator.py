@@ -332,3 +332,28 @@ def test_a_rollback_refused_for_good_on_one_gpu_takes_every_other_outcome_first(
         assert fake.locked(2) == (1800, 1800)  # back with GPU 0, the group not split
         assert actuator.writes == 3 + 2 + 1
         assert actuator.write_failures == {"0": 1, "1": 1, "2": 0}
+
+
+def test_a_gpu_lost_in_a_failed_locks_fallback_is_fatal_after_every_other_outcome() -> None:
+    """A node's raise fails for now on GPU 0, whose fallback reset then finds it lost: a
+    fatal error, raised once GPUs 1 and 2's raises are taken and counted (it escaped the
+    round at once, their outcomes untaken and nothing counted)."""
+    fake = FakeNvml(3)
+    fake.nvmlInit()
+    real_reset = fake.nvmlDeviceResetGpuLockedClocks
+
+    def reset(handle: fp.FakeGpu) -> None:
+        if handle.index == 0:
+            raise fp.NVMLError(fp.NVML_ERROR_GPU_IS_LOST)
+        real_reset(handle)
+
+    with ClockActuator(_backends(fake), domain="tp3", write_deadline_s=2.0) as actuator:
+        assert actuator.apply(900) == 3
+        fake.gpus[0].lock_error = fp.NVML_ERROR_TIMEOUT
+        fake.nvmlDeviceResetGpuLockedClocks = reset  # type: ignore[method-assign]
+        with pytest.raises(GpuLost):
+            actuator.apply(1800)
+        assert fake.locked(1) == fake.locked(2) == (1800, 1800)
+        assert actuator.writes == 3 + 2
+        assert actuator.write_failures == {"0": 2, "1": 0, "2": 0}
+        fake.nvmlDeviceResetGpuLockedClocks = real_reset  # type: ignore[method-assign]
