@@ -346,12 +346,15 @@ def failsafe_clock(
 ) -> float:
     """The clock the node's fail-safe holds: the top clock, capped by the chain's
     :class:`ThermalGuard` where ``observation`` (the GPUs' readings, read while the engine
-    is not) puts the die within its band of the stated thermal limit. The fail-safe
+    is not) puts the die within its band of the stated thermal limit, never below the
+    chain's floor (:class:`FloorClock`, outside the guard as in the chain). The fail-safe
     serves blind, not past the limit the node states; the guard's give-up applies."""
     guard = chain_layer(controller, ThermalGuard)
     if guard is None or observation is None:
         return top_mhz
-    return guard.capping(top_mhz, observation)
+    clock = guard.capping(top_mhz, observation)
+    floor = chain_layer(controller, FloorClock)
+    return clock if floor is None else max(clock, floor.floor_mhz)
 
 
 def held_by_node(controller: ClockController, clock_mhz: float, time_s: float) -> None:

@@ -183,3 +183,16 @@ def test_the_fail_safe_serves_blind_but_not_past_the_stated_thermal_limit(failsa
         assert records[-1].applied_mhz == (top if failsafe == "max" else None)
     finally:
         assembled.close()
+
+
+def test_the_fail_safes_thermal_cap_never_goes_below_the_floor() -> None:
+    """The fail-safe's clock goes through the chain's thermal guard and then its floor, as
+    a decision does (the floor sits outside the guard): with the die at the limit it is the
+    floor, not the lowest clock under it."""
+    from gpugov.daemon.safety import SafetySettings, failsafe_clock
+
+    chain = with_safety(_top, CLOCKS, SafetySettings(floor_mhz=850.0))
+    assert failsafe_clock(chain, CLOCKS[-1], _at(0.0, 80.0)) == 900.0
+    assert failsafe_clock(chain, CLOCKS[-1], _at(1.0, 70.0)) == CLOCKS[-1]
+    assert failsafe_clock(chain, CLOCKS[-1], None) == CLOCKS[-1]
+    assert failsafe_clock(with_safety(_top, CLOCKS), CLOCKS[-1], _at(2.0, 80.0)) == CLOCKS[0]
