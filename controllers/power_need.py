@@ -40,6 +40,11 @@ MEASURED_RAISE_SHARE = 0.1
 """The share of the clock range the measured-power cap rises by per decision under
 :data:`MEASURED_RELEASE_SHARE` of the budget."""
 
+IDLE_UTILIZATION = 0.05
+"""At most this GPU utilisation (the share of the period a kernel ran), a period with no
+work in hand is taken for idle power: a request that came and went between two reads ran
+kernels the engine's counts missed, whose power is no idle draw."""
+
 Slipping = Literal["none", "ttft", "ttft+tpot"]
 
 
@@ -216,8 +221,10 @@ class BudgetGuard(ControllerWrapper):
             # No reading to hold the budget by: no cap (the GPUs' own limit still holds).
             self.measured_cap_mhz = None
             return None
-        if idle_period:
-            # A whole period with no work in hand: its power is the domain's idle draw.
+        busy = observation.gpu_utilization
+        if idle_period and (busy is None or busy <= IDLE_UTILIZATION):
+            # A whole period with no work in hand, and no kernel running by the GPUs'
+            # own count where they give one: its power is the domain's idle draw.
             self.idle_floor_w = min(power, self.idle_floor_w or math.inf)
         # The clock moves only the power above the idle draw: the excess and the
         # headroom are judged there (a board idling near its budget otherwise never read

@@ -467,3 +467,28 @@ def test_the_measured_cap_lapses_on_a_board_that_idles_near_its_budget() -> None
     start_s, end_s = 40.0, 65.0
     energy = np.interp([start_s, end_s], result.time_s, result.energy_j)
     assert float(energy[1] - energy[0]) / (end_s - start_s) <= budget_w
+
+
+def test_an_idle_draw_is_learned_only_from_periods_the_gpus_did_not_run() -> None:
+    """Two ticks with no work in hand are an idle period, but a request that came and went
+    between them ran kernels the engine's counts missed: where the GPUs report that busy
+    share, such a period's power is no idle draw (it was learned, and a floor too high cut
+    the clock far below what the budget needs)."""
+    guard = BudgetGuard(_Planned(1800.0, None))
+    quiet = replace(
+        _observation(700.0),
+        power_w=650.0,
+        requested_clock_mhz=1800.0,
+        supported_clocks_mhz=CLOCKS,
+        gpu_utilization=0.6,
+    )
+    for tick in range(3):
+        guard(replace(quiet, time_s=float(tick)))
+    assert guard.idle_floor_w is None
+    for tick in range(3, 6):
+        guard(replace(quiet, time_s=float(tick), power_w=300.0, gpu_utilization=0.0))
+    assert guard.idle_floor_w == 300.0
+    unknown = BudgetGuard(_Planned(1800.0, None))  # no utilisation read: the counts alone
+    for tick in range(3):
+        unknown(replace(quiet, time_s=float(tick), gpu_utilization=None))
+    assert unknown.idle_floor_w == 650.0
