@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from gpugov.controllers.budget import SLOTarget
 from gpugov.controllers.contract import ControllerWrapper
 from gpugov.daemon import cli_types, decide
-from gpugov.daemon.addresses import host_name_problem, parse_address
+from gpugov.daemon.addresses import engine_page_url, parse_address
 from gpugov.daemon.config import ONLINE_PERIOD_S, default_control_period
 from gpugov.daemon.controller_config import (
     ControllerConfig,
@@ -176,39 +176,13 @@ def check_fixed_clock(config: object, low_mhz: float, high_mhz: float, spec: str
         )
 
 
-def check_engine_url(
-    url: str,
-    *,
-    flag: str = "--engine-url",
-    example: str = "http://127.0.0.1:8000/metrics",
-) -> None:
-    """Refuse an engine URL that is not ``http(s)://HOST[:PORT]/...`` (one line naming
-    ``flag``)."""
-    from urllib.parse import urlsplit
-
+def check_engine_url(url: str, *, flag: str = "--engine-url") -> None:
+    """Refuse an engine URL the config's ``engine.url`` refuses
+    (:func:`daemon.addresses.engine_page_url`), in one line naming ``flag``."""
     try:
-        parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        shown = url if len(url) <= 200 else f"{url[:200]}..."
-        raise UsageError(
-            f"{flag} {shown}: not an http(s) URL with a host and a valid port, such as {example}"
-        )
-    problem = host_name_problem(parts.hostname)
-    if problem is not None:
-        # http.client raised on it at the first request: a traceback.
-        raise UsageError(f"{flag}: {problem}, such as {example}")
-    if "@" in parts.netloc:
-        # Dropped from every request (a page behind authentication answered 401); the
-        # URL is not echoed: a password.
-        raise UsageError(
-            f"{flag}: cannot hold credentials (USER:PASSWORD@ before the host): they are "
-            f"not sent; give it a URL that needs none, such as {parts.scheme}://"
-            f"{parts.netloc.rpartition('@')[2]}{parts.path}"
-        )
+        engine_page_url(url)
+    except ValueError as error:
+        raise UsageError(f"{flag}: {error}") from None
 
 
 TRACE_PROGRESS_AFTER_S = 2.0

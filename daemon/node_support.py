@@ -8,7 +8,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpugov.daemon.cli_support import UsageError, check_engine_url, fail
+from gpugov.daemon.addresses import emulator_url
+from gpugov.daemon.cli_support import UsageError, fail
 from gpugov.daemon.config import DaemonSection, GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.errors import (
@@ -162,12 +163,10 @@ def backend_choice(
             "--backend emulated needs --emulator URL (or --config FILE with "
             'backend = "emulated" and emulator = ...)'
         )
-    if url is not None and not url.startswith("http://"):
-        raise UsageError(
-            f"--emulator must be an http:// URL such as http://127.0.0.1:8000, got {url!r}"
-        )
-    if url is not None:
-        check_engine_url(url, flag="--emulator", example="http://127.0.0.1:8000")
+    try:
+        emulator_url(url)
+    except ValueError as error:  # the config's was checked as it was read
+        raise UsageError(f"--emulator {error}") from None
     return kind, url if kind == "emulated" else None
 
 

@@ -218,6 +218,7 @@ def _check_load(record: dict[str, Any]) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Run the sweep (or the dry run) and write the profile; one line per failure."""
+    from gpugov.daemon.addresses import emulator_url
     from gpugov.daemon.cli_outputs import check_output_dir, prepare_output_dir
     from gpugov.daemon.cli_support import UsageError, check_engine_url, require_positive
     from gpugov.daemon.errors import (
@@ -276,9 +277,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--name {args.name}: that name is --dry-run's record (dry-run.json); give another"
         )
-    for flag, url in (("--engine-url", args.engine_url), ("--emulator", args.emulator)):
-        if url is not None:
-            check_engine_url(url, flag=flag, example="http://127.0.0.1:8000")
+    if args.engine_url is not None:
+        check_engine_url(args.engine_url)
+    try:
+        emulator_url(args.emulator)
+    except ValueError as error:
+        raise UsageError(f"--emulator {error}") from None
     # Checked now, made once the engine and the GPUs have answered: a run refused for
     # either leaves no empty directory behind.
     check_output_dir("--out", args.out)

@@ -88,8 +88,8 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["run", "--simulate", "--dry-run"], "--dry-run applies to a node run"),
         (["run", "--simulate", "--load-scale", "1e-6"], "over the limit of 7 simulated days"),
         (["run", "--simulate", "--controller", "fixed:99999"], "outside the supported range"),
-        (["status", "--engine-url", "notaurl"], "--engine-url notaurl: not an http(s) URL"),
-        (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "valid port"),
+        (["status", "--engine-url", "notaurl"], "--engine-url: must be an http:// or https:// URL"),
+        (["status", "--engine-url", "http://127.0.0.1:99999/metrics"], "has a port outside"),
         # A host no name encodes, or one holding a control character: http.client raised
         # on it at the first request, a traceback.
         (["status", "--engine-url", "http://ü..x:8000/metrics"], "'ü..x' is no host name"),
