@@ -61,13 +61,19 @@ def _piece_start(start_s: float, length_s: float, span_s: float) -> float:
     return start_s if start_s + length_s <= span_s else start_s % (span_s - length_s)
 
 
+def _window_length(config: FleetConfig, span_s: float, scale: float) -> float:
+    """The trace's seconds each of :func:`_overlaid`'s windows takes: ``--duration``
+    compressed by ``scale / ceil(scale)``, at most the whole trace."""
+    return min(config.duration_s * (scale / max(1, math.ceil(scale))), span_s)
+
+
 def _source_start(config: FleetConfig, span_s: float, scale: float) -> float | None:
     """Where the first of :func:`_overlaid`'s windows starts, in the trace's own seconds:
     ``--trace-start``, wrapped round the trace where that window would run past its end
     (:func:`_piece_start`), or None where a window covers the whole trace, which is then
     used whole whatever the start. ``fleet.md`` says it: ``--trace-start`` alone named a
     second the trace may not have (1,800 s of a 200 s trace)."""
-    length = min(config.duration_s * scale / max(1, math.ceil(scale)), span_s)
+    length = _window_length(config, span_s, scale)
     if length >= span_s:
         return None
     return _piece_start(config.trace_start_s, length, span_s)
@@ -95,7 +101,9 @@ def _overlaid(
     source = config.duration_s * each
     merged: list[Request] = []
     for j in range(pieces):
-        part = _piece(full, config.trace_start_s + j * source, min(source, span), span)
+        part = _piece(
+            full, config.trace_start_s + j * source, _window_length(config, span, scale), span
+        )
         for r in part:
             # Scaled here, not by scale_load: a scale that underflowed to 0 (--utilization
             # 5e-324) or an arrival over it that overflows raised a ValueError there; such
