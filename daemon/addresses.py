@@ -77,11 +77,7 @@ def engine_page_url(value: str) -> str:
         parts = urllib.parse.urlsplit(value)
     except ValueError as error:  # a malformed IPv6 host
         raise ValueError(f"is not a URL ({error}): {value!r}") from None
-    if not parts.hostname:
-        raise ValueError(f"must name a host, such as http://127.0.0.1:8000/metrics, got {value!r}")
-    problem = host_name_problem(parts.hostname)
-    if problem is not None:
-        raise ValueError(f"{problem}: {value!r}")
+    _named_host(parts, value, "http://127.0.0.1:8000/metrics")
     if "@" in parts.netloc:
         # Dropped from every request: each scrape of an engine behind authentication
         # answered 401, and the node sat at the fail-safe. Not echoed: a password.
@@ -138,13 +134,18 @@ def emulator_url(value: str | None) -> str | None:
         port = parts.port  # raises on a port out of range
     except ValueError as error:
         raise ValueError(f"must be an http:// URL such as {example}: {error}") from None
+    _named_host(parts, value, example)
+    _not_port_zero(port, value)
+    return value
+
+
+def _named_host(parts: urllib.parse.SplitResult, value: str, example: str) -> None:
+    """Refuse a URL that names no host, or one no request can reach by its name."""
     if not parts.hostname:
         raise ValueError(f"must name a host, such as {example}, got {value!r}")
     problem = host_name_problem(parts.hostname)
     if problem is not None:
         raise ValueError(f"{problem}: {value!r}")
-    _not_port_zero(port, value)
-    return value
 
 
 def _not_port_zero(port: int | None, value: str) -> None:
