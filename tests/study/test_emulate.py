@@ -232,10 +232,15 @@ def test_emulated_backend_maps_nvml_errors(fault: str, error: type[Exception]) -
 
 
 def test_gpu_lost_mid_run_raises_on_sample() -> None:
-    server = _serve(lost_after_s=0.3)
+    """A GPU the emulator loses at a time of its run (``--lost-after``) answers until then,
+    and every sample after it is a lost GPU. The loss is moved to the current time once the
+    backend is open: a fixed 0.3 s came before the open on a loaded machine."""
+    server = _serve(lost_after_s=3600.0)
     try:
         backend = EmulatedBackend(0, emulator=server.url)
-        time.sleep(0.4)
+        assert backend.sample().gpu == backend.label
+        state = server.node.gpu_state[0]
+        state.lost_at_s = server.node.plant_time_s()
         with pytest.raises(GpuLost):
             backend.sample()
     finally:
