@@ -207,6 +207,15 @@ class BudgetGuard(ControllerWrapper):
             self.capped_decisions += 1
         return guarded
 
+    def measured_ceiling(self, observation: ServingObservation) -> float | None:
+        """The clock the domain's measured power holds an enforced budget at (None: none
+        binds): the node's fail-safe, which decides without the controller, holds the
+        budget by it as a controller with no model is held."""
+        budget = observation.power_limit_w
+        if not self.enforce or budget is None or not (np.isfinite(budget) and budget > 0.0):
+            return None
+        return self._measured_cap(observation, float(budget))
+
     def _measured_cap(
         self, observation: ServingObservation, budget: float, idle_period: bool = False
     ) -> float | None:

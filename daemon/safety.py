@@ -22,6 +22,7 @@ from gpugov.controllers.contract import (
     layers,
     whole_periods,
 )
+from gpugov.controllers.power_need import BudgetGuard
 from gpugov.plant.types import ServingObservation
 
 log = logging.getLogger(__name__)
@@ -346,13 +347,20 @@ def failsafe_clock(
 ) -> float:
     """The clock the node's fail-safe holds: the top clock, capped by the chain's
     :class:`ThermalGuard` where ``observation`` (the GPUs' readings, read while the engine
-    is not) puts the die within its band of the stated thermal limit, never below the
-    chain's floor (:class:`FloorClock`, outside the guard as in the chain). The fail-safe
-    serves blind, not past the limit the node states; the guard's give-up applies."""
-    guard = chain_layer(controller, ThermalGuard)
-    if guard is None or observation is None:
+    is not) puts the die within its band of the stated thermal limit, and by the chain's
+    :class:`BudgetGuard` where the power measured is over an enforced budget, never below
+    the chain's floor (:class:`FloorClock`, outside both as in the chain). The fail-safe
+    serves blind, not past the limits the node states; the guard's give-up applies."""
+    if observation is None:
         return top_mhz
-    clock = guard.capping(top_mhz, observation)
+    clock = top_mhz
+    budget = chain_layer(controller, BudgetGuard)
+    ceiling = None if budget is None else budget.measured_ceiling(observation)
+    if ceiling is not None:
+        clock = min(clock, ceiling)
+    guard = chain_layer(controller, ThermalGuard)
+    if guard is not None:
+        clock = guard.capping(clock, observation)
     floor = chain_layer(controller, FloorClock)
     return clock if floor is None else max(clock, floor.floor_mhz)
 

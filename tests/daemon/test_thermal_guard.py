@@ -196,3 +196,48 @@ def test_the_fail_safes_thermal_cap_never_goes_below_the_floor() -> None:
     assert failsafe_clock(chain, CLOCKS[-1], _at(1.0, 70.0)) == CLOCKS[-1]
     assert failsafe_clock(chain, CLOCKS[-1], None) == CLOCKS[-1]
     assert failsafe_clock(with_safety(_top, CLOCKS), CLOCKS[-1], _at(2.0, 80.0)) == CLOCKS[0]
+
+
+def test_the_fail_safe_holds_a_configured_power_budget_by_the_power_measured() -> None:
+    """With the engine's page down the fail-safe decides without the controller, but the
+    GPUs still read: a domain drawing 350 W over its 250 W budget is held below the top
+    clock by the budget guard's measured-power rule (it locked the top clock over the
+    budget for the whole outage), and runs at the top clock again once the draw is low."""
+    from daemon_support import run_ticks
+    from fake_pynvml import FakeNvml
+
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.service import domains_from_config
+
+    fake = FakeNvml(1)
+    fake.gpus[0].power_mw = fake.gpus[0].average_power_mw = 350_000
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {
+                    "name": "llm",
+                    "gpus": [0],
+                    "stale_after_s": 2.5,
+                    "power_budget_w": 250.0,
+                    "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
+                    "controller": {"kind": "fixed", "clock_mhz": 1410},
+                }
+            ],
+        }
+    )
+    assembled = domains_from_config(config, nvml=fake)
+    domain = assembled.domains[0]
+    domain.observer.source = _EngineDown()
+    top = max(fake.gpus[0].graphics_clocks_mhz)
+    try:
+        records, _ = run_ticks([domain], 3)
+        assert all(record.failsafe for record in records)
+        assert all(
+            record.applied_mhz is not None and record.applied_mhz < top for record in records
+        )
+        fake.gpus[0].power_mw = fake.gpus[0].average_power_mw = 100_000
+        records, _ = run_ticks([domain], 30)
+        assert records[-1].failsafe and records[-1].applied_mhz == top
+    finally:
+        assembled.close()
