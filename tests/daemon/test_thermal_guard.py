@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import pytest
 from synthetic import make_plant, poisson_requests
@@ -136,6 +137,26 @@ class _EngineDown:
         raise EngineUnavailable("connection refused")
 
 
+def _blind_domain(fake: Any, **fields: object) -> Any:
+    """A one-GPU domain on ``fake`` (a FakeNvml) whose engine page never answers, with
+    the domain config's ``fields``: its assembly (``.domains[0]``; close it)."""
+    from gpugov.daemon.config import parse_config
+    from gpugov.daemon.service import domains_from_config
+
+    domain = {
+        "name": "llm",
+        "gpus": [0],
+        "stale_after_s": 2.5,
+        "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
+        "controller": {"kind": "fixed", "clock_mhz": 1410},
+        **fields,
+    }
+    config = parse_config({"daemon": {"period_s": 1.0}, "domains": [domain]})
+    assembled = domains_from_config(config, nvml=fake)
+    assembled.domains[0].observer.source = _EngineDown()
+    return assembled
+
+
 @pytest.mark.parametrize("failsafe", ["max", "unlock"])
 def test_the_fail_safe_serves_blind_but_not_past_the_stated_thermal_limit(failsafe: str) -> None:
     """With the engine's page down the node holds the top clock (or unlocks), outside the
@@ -145,30 +166,10 @@ def test_the_fail_safe_serves_blind_but_not_past_the_stated_thermal_limit(failsa
     from daemon_support import run_ticks
     from fake_pynvml import FakeNvml
 
-    from gpugov.daemon.config import parse_config
-    from gpugov.daemon.service import domains_from_config
-
     fake = FakeNvml(1)
     fake.gpus[0].temperature_c = 80
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "stale_after_s": 2.5,
-                    "thermal_limit_c": 80.5,
-                    "failsafe": failsafe,
-                    "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                }
-            ],
-        }
-    )
-    assembled = domains_from_config(config, nvml=fake)
+    assembled = _blind_domain(fake, thermal_limit_c=80.5, failsafe=failsafe)
     domain = assembled.domains[0]
-    domain.observer.source = _EngineDown()
     top = max(fake.gpus[0].graphics_clocks_mhz)
     try:
         records, _ = run_ticks([domain], 4)
@@ -206,29 +207,10 @@ def test_the_fail_safe_holds_a_configured_power_budget_by_the_power_measured() -
     from daemon_support import run_ticks
     from fake_pynvml import FakeNvml
 
-    from gpugov.daemon.config import parse_config
-    from gpugov.daemon.service import domains_from_config
-
     fake = FakeNvml(1)
     fake.gpus[0].power_mw = fake.gpus[0].average_power_mw = 350_000
-    config = parse_config(
-        {
-            "daemon": {"period_s": 1.0},
-            "domains": [
-                {
-                    "name": "llm",
-                    "gpus": [0],
-                    "stale_after_s": 2.5,
-                    "power_budget_w": 250.0,
-                    "engine": {"kind": "vllm", "url": "http://127.0.0.1:9/metrics"},
-                    "controller": {"kind": "fixed", "clock_mhz": 1410},
-                }
-            ],
-        }
-    )
-    assembled = domains_from_config(config, nvml=fake)
+    assembled = _blind_domain(fake, power_budget_w=250.0)
     domain = assembled.domains[0]
-    domain.observer.source = _EngineDown()
     top = max(fake.gpus[0].graphics_clocks_mhz)
     try:
         records, _ = run_ticks([domain], 3)
