@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from gpugov.plant.types import ClockController, MPCDiagnostics, PowerCapping, ServingObservation
 
@@ -28,6 +28,7 @@ __all__ = [
     "PowerNeed",
     "PowerNeeding",
     "ReportsFallbacks",
+    "chain_layer",
     "controller_label",
     "fits_budget",
     "layers",
@@ -260,6 +261,14 @@ def layers(controller: ClockController) -> list[ClockController]:
         controller = controller.inner
         found.append(controller)
     return found
+
+
+Layer = TypeVar("Layer")
+
+
+def chain_layer(controller: ClockController, kind: type[Layer]) -> Layer | None:
+    """The chain's outermost layer of ``kind`` (None outside a chain, or none)."""
+    return next((layer for layer in layers(controller) if isinstance(layer, kind)), None)
 
 
 def unwrap(controller: ClockController) -> ClockController:

@@ -29,6 +29,7 @@ from gpugov.controllers.contract import (
     Closable,
     ControllerWrapper,
     HistoryBounded,
+    chain_layer,
     layers,
     unwrap,
 )
@@ -735,7 +736,7 @@ def warm_up(
             error,
         )
         return 0.0
-    deadline = next((x for x in layers(controller) if isinstance(x, DecisionDeadline)), None)
+    deadline = chain_layer(controller, DecisionDeadline)
     observation = ServingObservation(
         time_s=0.0,
         step_index=0,

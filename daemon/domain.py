@@ -18,6 +18,7 @@ from typing import Any, Literal
 from gpugov.controllers.contract import (
     Learner,
     ReportsFallbacks,
+    chain_layer,
     controller_label,
     layers,
 )
@@ -38,7 +39,6 @@ from gpugov.daemon.safety import (
     ClampToSupported,
     FloorClock,
     ThermalGuard,
-    chain_layer,
     failsafe_clock,
     held_by_node,
     invalid_decisions,

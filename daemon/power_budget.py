@@ -42,7 +42,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
-from gpugov.controllers.contract import ClockController, fits_budget, layers, power_needed
+from gpugov.controllers.contract import (
+    ClockController,
+    chain_layer,
+    fits_budget,
+    power_needed,
+)
 from gpugov.controllers.power_need import BudgetGuard
 from gpugov.daemon.backend import GpuBackend, GpuSample, unwrapped
 from gpugov.daemon.deadline import READ_DEADLINE_S, LatestReader, ReadTimeout
@@ -394,9 +399,7 @@ class PowerBudget:
         """Take the controller's need after a decision and follow the over-budget state:
         an event (counted, and one log line at most every :data:`EVENT_LOG_EVERY_S`) when
         the budget falls below the need, a line when it no longer is."""
-        guard = next(
-            (layer for layer in layers(controller) if isinstance(layer, BudgetGuard)), None
-        )
+        guard = chain_layer(controller, BudgetGuard)
         if guard is not None:
             need = guard.last_need
         else:

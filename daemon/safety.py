@@ -14,12 +14,11 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from gpugov.controllers.contract import (
     ClockController,
     ControllerWrapper,
-    layers,
+    chain_layer,
     whole_periods,
 )
 from gpugov.controllers.power_need import BudgetGuard
@@ -329,14 +328,6 @@ def with_safety(
     )
 
 
-Layer = TypeVar("Layer")
-
-
-def chain_layer(controller: ClockController, kind: type[Layer]) -> Layer | None:
-    """The chain's outermost layer of ``kind`` (None outside a chain, or none)."""
-    return next((layer for layer in layers(controller) if isinstance(layer, kind)), None)
-
-
 def clamp_layer(controller: ClockController) -> ClampToSupported | None:
     """The chain's :class:`ClampToSupported` layer (None outside a chain)."""
     return chain_layer(controller, ClampToSupported)
@@ -395,7 +386,6 @@ __all__ = [
     "MinimumDwell",
     "SafetySettings",
     "ThermalGuard",
-    "chain_layer",
     "clamp_layer",
     "failsafe_clock",
     "held_by_node",
