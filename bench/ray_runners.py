@@ -37,7 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpugov.study.runners import RayRuntime, RunnerSpec, map_cells
+from gpugov.study.ray_cluster import RayRuntime
+from gpugov.study.runners import RunnerSpec, map_cells
 from gpugov.study.scoreboard import command
 from gpugov.study.scoreboard import run as scoreboard
 

@@ -34,12 +34,11 @@ from gpugov.study.provenance import (
     outside_specs,
     software_versions,
 )
+from gpugov.study.ray_cluster import import_ray, ray_endpoint
 from gpugov.study.runners import (
     CellProgress,
     RunnerSpec,
-    import_ray,
     map_cells,
-    ray_endpoint,
     run_isolated,
     runner_ready,
 )

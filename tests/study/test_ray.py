@@ -15,7 +15,8 @@ import cell_tasks
 import pytest
 from study_support import run_main, run_quick_experiments
 
-from gpugov.study.runners import RayRuntime, RunnerError, RunnerSpec, map_cells
+from gpugov.study.ray_cluster import RayRuntime
+from gpugov.study.runners import RunnerError, RunnerSpec, map_cells
 
 ray = pytest.importorskip("ray")
 
