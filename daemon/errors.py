@@ -107,6 +107,12 @@ def _fitting(chars: Iterable[str], room: int) -> list[str]:
     return pieces
 
 
+def one_line(error: BaseException) -> str:
+    """``error``'s message on one line (each run of whitespace, newlines included, one
+    space), or its type's name where it says nothing."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def printable(text: str) -> str:
     """``text`` safe for one line on a terminal or in a log: each character that would
     end the line or drive the terminal (a newline, a carriage return, the ESC of an escape

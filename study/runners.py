@@ -48,7 +48,7 @@ from typing import Any, Generic, TypeVar
 
 from gpugov.daemon import cli_types
 from gpugov.daemon.cli_support import UsageError
-from gpugov.daemon.errors import Terminated
+from gpugov.daemon.errors import Terminated, one_line
 from gpugov.daemon.limits import MAX_JOBS, MAX_RETRIES
 from gpugov.daemon.stop_signals import signal_name
 
@@ -372,8 +372,7 @@ def _isolated_child(work: Callable[[], Any], send: Any, parent: int) -> None:
     try:
         send.send(answer)
     except BaseException as error:  # an answer that does not pickle
-        message = " ".join(str(error).split()) or type(error).__name__
-        send.send(("error", f"its result could not be sent back: {message}"))
+        send.send(("error", f"its result could not be sent back: {one_line(error)}"))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -388,10 +387,10 @@ def _one_line(error: BaseException) -> str:
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.errors import GpugovError
 
-    message = " ".join(str(error).split())
-    if isinstance(error, GpugovError | UsageError):
-        return message or type(error).__name__
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+    message = one_line(error)
+    if isinstance(error, GpugovError | UsageError) or message == type(error).__name__:
+        return message
+    return f"{type(error).__name__}: {message}"
 
 
 def _child_of(parent_pid: int) -> None:

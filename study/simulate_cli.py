@@ -223,13 +223,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace {args.trace}: the selected window holds no requests")
     plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, args.trace)
+    slo_target = slo_target_of(args.slo_target)
     controller = simulated_controller(
         args.controller,
         plant,
         workload,
         args.control_period,
         safety=safety,
-        slo_target=slo_target_of(args.slo_target),
+        slo_target=slo_target,
     )
     scheduler = SCHEDULERS[args.scheduler]
     progress = SimulationProgress(workload[-1].arrival_time_s, "simulate", enabled=not args.quiet)
@@ -243,7 +244,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             controller_name=controller_label(args.controller),
             control_period_s=args.control_period,
             on_progress=progress,
-            view=observation_view(args.engine_view, slo_target_of(args.slo_target)),
+            view=observation_view(args.engine_view, slo_target),
         )
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: one line saying where it stopped
         start = "\n" if sys.stderr.isatty() and not args.quiet else ""

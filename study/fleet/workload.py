@@ -99,11 +99,10 @@ def _overlaid(
     pieces = max(1, math.ceil(scale))
     each = scale / pieces
     source = config.duration_s * each
+    length = _window_length(config, span, scale)
     merged: list[Request] = []
     for j in range(pieces):
-        part = _piece(
-            full, config.trace_start_s + j * source, _window_length(config, span, scale), span
-        )
+        part = _piece(full, config.trace_start_s + j * source, length, span)
         for r in part:
             # Scaled here, not by scale_load: a scale that underflowed to 0 (--utilization
             # 5e-324) or an arrival over it that overflows raised a ValueError there; such

@@ -78,6 +78,7 @@ from gpugov.controllers.oracles import (
     window_oracle,
 )
 from gpugov.daemon.decide import close_controller
+from gpugov.daemon.errors import one_line
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.daemon.simulated import observation_view
 from gpugov.plant import PerformanceProfile, ServingPlant, ServingResult, simulate
@@ -539,8 +540,7 @@ def run_scenario(
 def failed_row(scenario: str, controller: str, error: BaseException) -> dict[str, Any]:
     """An outside controller's row that did not run on a scenario: where, and its error in
     one line (a build error, or the run's ``controller ... raised at t=...``)."""
-    message = " ".join(str(error).split()) or type(error).__name__
-    return {"scenario": scenario, "controller": controller, "error": message}
+    return {"scenario": scenario, "controller": controller, "error": one_line(error)}
 
 
 def drop_failed_controllers(

@@ -120,6 +120,9 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
         )
         period = _period(settings, cell.controller)
 
+        # Results written before the key existed gave the controller no target.
+        slo_target = slo_target_of(settings.get("slo_target"))
+
         def simulated() -> dict[str, Any]:
             """The cell's controller built, run and closed: the row's result fields."""
             controller = simulated_controller(
@@ -128,8 +131,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
                 workload,
                 period,
                 safety=_safety(settings),
-                # Results written before the key existed gave the controller no target.
-                slo_target=slo_target_of(settings.get("slo_target")),
+                slo_target=slo_target,
             )
             try:
                 result = simulate(
@@ -141,10 +143,7 @@ def run_cell(cell: SweepCell, shared: Mapping[str, Any]) -> dict[str, Any]:
                     controller_name=cell.controller,
                     control_period_s=period,
                     # Results written before the view existed observed the exact state.
-                    view=observation_view(
-                        settings.get("engine_view", "exact"),
-                        slo_target_of(settings.get("slo_target")),
-                    ),
+                    view=observation_view(settings.get("engine_view", "exact"), slo_target),
                     on_progress=on_progress,
                 )
             finally:
