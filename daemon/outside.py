@@ -22,7 +22,7 @@ import time
 import weakref
 from typing import Any
 
-from gpugov.controllers.contract import ClockController, ControllerWrapper
+from gpugov.controllers.contract import ClockController, ControllerWrapper, chain_layer
 from gpugov.daemon.deadline import escape_text
 from gpugov.daemon.safety import invalid_decisions
 from gpugov.plant.types import ServingObservation
@@ -158,11 +158,7 @@ class OutsideController(ControllerWrapper):
 
 def outside_layer(controller: ClockController) -> OutsideController | None:
     """The chain's :class:`OutsideController` layer (None for an in-tree kind)."""
-    while isinstance(controller, ControllerWrapper):
-        if isinstance(controller, OutsideController):
-            return controller
-        controller = controller.inner
-    return None
+    return chain_layer(controller, OutsideController)
 
 
 def invalid_decision_note(controller: ClockController, label: str) -> str | None:
