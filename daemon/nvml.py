@@ -289,8 +289,18 @@ class NvmlBackend:
         ran lower with no event reason, and each readback took that for another's lock.
 
         A max clock within two steps of the top listed one (NVML: "can differ by a few
-        MHz"), below every listed clock or unreadable leaves the list as it is."""
-        top = self.max_clock_mhz()
+        MHz"), below every listed clock or unreadable leaves the list as it is; one that
+        fails for now raises, so the start's retries read it again (the list is read once).
+
+        Raises:
+            TransientGpuError: the max clock read failed for now (TIMEOUT, UNKNOWN, ...).
+        """
+        try:
+            top: int | None = self._read_max_clock()
+        except TransientGpuError:
+            raise
+        except GpuError:
+            top = None
         if top is None or top < clocks[0] or clocks[-1] <= top + clock_tolerance_mhz(clocks):
             return clocks
         kept = tuple(clock for clock in clocks if clock <= top)
@@ -508,16 +518,24 @@ class NvmlBackend:
     def max_clock_mhz(self) -> int | None:
         """``nvmlDeviceGetMaxClockInfo`` for the SM clock, or None when it fails."""
         try:
-            return int(
-                self._call(
-                    "read max SM clock",
-                    self._nvml.nvmlDeviceGetMaxClockInfo,
-                    self._handle,
-                    _const(self._nvml, "NVML_CLOCK_SM", 1),
-                )
-            )
+            return self._read_max_clock()
         except GpuError:
             return None
+
+    def _read_max_clock(self) -> int:
+        """``nvmlDeviceGetMaxClockInfo`` for the SM clock, its failure raised.
+
+        Raises:
+            GpuError: as NVML reports (a TransientGpuError for one that may pass).
+        """
+        return int(
+            self._call(
+                "read max SM clock",
+                self._nvml.nvmlDeviceGetMaxClockInfo,
+                self._handle,
+                _const(self._nvml, "NVML_CLOCK_SM", 1),
+            )
+        )
 
     def slowdown_temperature_c(self) -> float | None:
         """The die temperature at which the GPU slows its clocks itself

@@ -237,6 +237,24 @@ def test_a_max_clock_that_cannot_be_read_keeps_the_listed_clocks() -> None:
     assert NvmlBackend(0, nvml=fake).supported_clocks_mhz() == tuple(range(345, 1981, 15))
 
 
+@pytest.mark.parametrize("code", [fp.NVML_ERROR_TIMEOUT, fp.NVML_ERROR_UNKNOWN])
+def test_a_max_clock_read_that_fails_for_now_at_the_start_is_tried_again(code: int) -> None:
+    """A max clock read that fails once at the start (TIMEOUT, UNKNOWN) is tried again with
+    the clock lists' retries: taken as unreadable, the clocks above the board's max stayed
+    offered for the whole run (the list is read once), and a lock at the top one was read
+    back as someone else's change and written again every other tick."""
+    from gpugov.daemon.gpu_open import open_backend
+
+    fake = FakeNvml([fp.FakeGpu(index=0, max_clock_mhz=1755)])
+    fake.fail("nvmlDeviceGetMaxClockInfo", code)
+    backend = open_backend(0, nvml=fake, sleep=lambda _s: None)  # type: ignore[arg-type]
+    try:
+        assert backend.supported_clocks_mhz() == tuple(range(345, 1756, 15))
+        assert fake.calls["nvmlDeviceGetMaxClockInfo"] == 2
+    finally:
+        backend.close()
+
+
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
     # nvmlShutdown's own NVMLError, on the way out, replaced the daemon's error: `gpugov
     # run` ended in a traceback instead of exit 5 naming the lost GPU.
