@@ -184,6 +184,20 @@ class ControllerContext:
         """The first GPU's NVML name, for an ``mpc-online`` hint ``gpu = "auto"``."""
         return self.gpu_names[0] if self.gpu_names and self.gpu_names[0] else None
 
+    def recorded(self) -> dict[str, Any]:
+        """What a recording's header keeps of the context beyond the fields it carries
+        otherwise (period, clocks, GPU names, safety, SLO target, role): the SLOs, the
+        thermal and power limits, the GPUs' UUIDs and the declared forecasts, so that
+        ``replay`` gives a controller the context the node gave it."""
+        return {
+            "ttft_slo_s": self.ttft_slo_s,
+            "tpot_slo_s": self.tpot_slo_s,
+            "thermal_limit_c": self.thermal_limit_c,
+            "power_limit_w": self.power_limit_w,
+            "gpu_uuids": list(self.gpu_uuids),
+            "forecasts": {name: getattr(self.forecasts, name) for name in FORECAST_FIELDS},
+        }
+
     @classmethod
     def for_plant(
         cls,

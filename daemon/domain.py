@@ -25,7 +25,7 @@ from gpugov.controllers.contract import (
 from gpugov.daemon.actuator import ClockActuator
 from gpugov.daemon.clock_reconcile import ReconcilePolicy
 from gpugov.daemon.deadline import DecisionDeadline, DecisionTimeout, LatestReader, ReadTimeout
-from gpugov.daemon.decide import close_controller
+from gpugov.daemon.decide import ControllerContext, close_controller
 from gpugov.daemon.energy import EnergyEstimator, reading_from
 from gpugov.daemon.episode_log import EpisodeLog
 from gpugov.daemon.errors import ControllerFailure
@@ -109,6 +109,8 @@ class Domain:
             (:class:`~gpugov.plant.types.PowerCapping`) has it applied after each
             decision, and the fail-safe restores the GPUs' own limits. None: no GPU's
             limit is touched (a capping controller's clock alone is applied).
+        context: the context the factory built the controller with (None: not known);
+            a recording's header keeps it for ``replay``.
     """
 
     def __init__(
@@ -124,12 +126,15 @@ class Domain:
         max_controller_failures: int = MAX_CONTROLLER_FAILURES,
         budget: PowerBudget | None = None,
         power_limits: PowerLimitActuator | None = None,
+        context: ControllerContext | None = None,
     ) -> None:
         if max_controller_failures < 1:
             raise ValueError(f"max_controller_failures must be >= 1, got {max_controller_failures}")
         self.name = name
         self.observer = observer
         self.controller = controller
+        self.context = context
+        """The context the controller was built with (a recording's header keeps it)."""
         self.actuator = actuator
         self.failsafe_mode = failsafe
         self.label = label or controller_label(controller)

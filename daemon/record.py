@@ -256,7 +256,8 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
     the mode one gpugov writes; at least one domain, named once, with text for its
     controller, supported clocks positive and ascending, safety settings and an SLO target
     the config would take, ``gpus`` and ``gpu_names`` lists, ``power_budget_held`` true or
-    false, and a ``controller_config`` object whose forecasts are bounded token counts.
+    false, a ``controller_config`` object whose forecasts are bounded token counts, and a
+    ``context`` object (:func:`_check_recorded_context`).
 
     Raises:
         RecordingError: naming the file and the field.
@@ -333,8 +334,38 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
             raise RecordingError(
                 f"{where} {field}.power_budget_held must be true or false, got {held!r:.40}"
             )
-        _check_recorded_forecasts(f"{where} {field}.controller_config", info)
+        _check_recorded_forecasts(
+            f"{where} {field}.controller_config", info.get("controller_config")
+        )
+        _check_recorded_context(f"{where} {field}.context", info.get("context"))
     return period, domains
+
+
+CONTEXT_LIMITS = ("ttft_slo_s", "tpot_slo_s", "thermal_limit_c", "power_limit_w")
+"""The numbers of a domain's recorded ``context`` (positive, or null: not known)."""
+
+
+def _check_recorded_context(where: str, context: object) -> None:
+    """A domain's recorded ``context`` (what its controller was told beyond the rest of
+    the header): an object (or null) whose SLOs and limits are positive numbers or null,
+    ``gpu_uuids`` a list of text and ``forecasts`` bounded token counts."""
+    if context is None:
+        return
+    if not isinstance(context, dict):
+        raise RecordingError(f"{where} must be an object, got {context!r:.40}")
+    for key in CONTEXT_LIMITS:
+        value = context.get(key)
+        number = finite_number(value)
+        if value is not None and (number is None or not number > 0.0):
+            raise RecordingError(
+                f"{where}.{key} must be a positive number or null, got {value!r:.40}"
+            )
+    uuids = context.get("gpu_uuids")
+    if uuids is not None and not (
+        isinstance(uuids, list) and all(isinstance(uuid, str) for uuid in uuids)
+    ):
+        raise RecordingError(f"{where}.gpu_uuids must be a list of text, got {uuids!r:.40}")
+    _check_recorded_forecasts(f"{where}.forecasts", context.get("forecasts"))
 
 
 def _check_as_config(where: str, field: str, value: object, model: type[FrozenModel]) -> None:
@@ -350,10 +381,10 @@ def _check_as_config(where: str, field: str, value: object, model: type[FrozenMo
         ) from None
 
 
-def _check_recorded_forecasts(where: str, info: Mapping[str, Any]) -> None:
-    """The recorded ``controller_config``: an object (or null) whose declared forecasts,
-    which replay hands to the controller, are token counts within the config's bounds."""
-    config = info.get("controller_config")
+def _check_recorded_forecasts(where: str, config: object) -> None:
+    """A recorded ``controller_config`` (or a recorded context's ``forecasts``): an object
+    (or null) whose declared forecasts, which replay hands to the controller, are token
+    counts within the config's bounds."""
     if config is None:
         return
     if not isinstance(config, dict):

@@ -181,9 +181,11 @@ def _compare_caps(report: ReplayReport, recorded: float | None, replayed: float 
 
 
 def _recorded_forecasts(info: dict[str, Any]) -> Forecasts:
-    """The forecasts the recorded controller declared (its recorded spec's), so replaying
-    an MPC recording through the same MPC rebuilds the controller that made it."""
-    recorded = info.get("controller_config") or {}
+    """The forecasts the recorded domain declared to its controller (the header's
+    ``context``; a recording from before it, the recorded spec's), so replaying an MPC
+    recording through the same MPC rebuilds the controller that made it."""
+    known = info.get("context") or {}
+    recorded = known.get("forecasts") or info.get("controller_config") or {}
 
     def number(key: str) -> float | None:
         value = recorded.get(key)
@@ -209,25 +211,33 @@ def _replayed_controller(
     """The controller ``spec`` asks for, in the recording's safety chain, knowing what the
     recorded domain's controller knew: its GPU names and count (``gpu_names``, ``gpus``,
     for an ``mpc-online`` hint ``gpu = "auto"``; a recording without names: one warning,
-    no prior from the name) and the recorded forecasts. Like a node's, the chain holds
-    the power budget each recorded observation carries (its ``power_limit_w``) by the
-    clock where the recorded domain had a budget configured (``power_budget_held``), and
-    otherwise only reports it; it spends the recorded domain's ``slo_target`` as the
-    node did. It runs on virtual time, as every study does: an outside controller is
-    called directly (no node's decision deadline) and an MPC solves within the
-    deterministic budget, so a busy machine cannot change a replayed decision; it keeps
-    the history of plans a node keeps (:data:`~daemon.service.CONTROLLER_HISTORY_STEPS`).
+    no prior from the name), and the SLOs, limits, GPU UUIDs and forecasts the header's
+    ``context`` keeps (a recording from before it: the recorded spec's forecasts alone).
+    Like a node's, the chain holds the power budget each recorded observation carries
+    (its ``power_limit_w``) by the clock where the recorded domain had a budget
+    configured (``power_budget_held``), and otherwise only reports it; it spends the
+    recorded domain's ``slo_target`` as the node did. It runs on virtual time, as every
+    study does: an outside controller is called directly (no node's decision deadline)
+    and an MPC solves within the deterministic budget, so a busy machine cannot change a
+    replayed decision; it keeps the history of plans a node keeps
+    (:data:`~daemon.service.CONTROLLER_HISTORY_STEPS`).
 
     Raises:
         RecordingError: the header's ``slo_target`` is not a valid target.
     """
     safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
+    known = info.get("context") or {}
     context = ControllerContext(
         period_s=period_s,
         supported_clocks_mhz=tuple(float(c) for c in clocks),
         gpu_names=names,
+        gpu_uuids=tuple(str(uuid) for uuid in known.get("gpu_uuids") or ()),
         gpu_count=len(info.get("gpus") or []) or 1,
+        power_limit_w=known.get("power_limit_w"),
+        ttft_slo_s=known.get("ttft_slo_s"),
+        tpot_slo_s=known.get("tpot_slo_s"),
+        thermal_limit_c=known.get("thermal_limit_c"),
         forecasts=_recorded_forecasts(info),
         role=_recorded_role(info),
         safety=SafetySettings(

@@ -397,6 +397,7 @@ def build_domain(
         label=spec_name(controller_spec),
         budget=budget or PowerBudget(name),
         power_limits=power_limits,
+        context=context,
     )
 
 
@@ -444,6 +445,8 @@ def _domain_header(domain: Domain, config_fields: dict[str, Any]) -> dict[str, A
         "gpu_names": gpu_names(domain.observer.gpus.backends),
         "supported_clocks_mhz": list(domain.observer.gpus.supported_clocks_mhz()),
         "role": domain.observer.role,
+        # The rest of what the controller was told, so that replay tells it the same.
+        **({} if domain.context is None else {"context": domain.context.recorded()}),
         **config_fields,
     }
 

@@ -661,6 +661,18 @@ def test_replay_names_a_malformed_recording_field(
             {"kind": "mpc-online", "mean_prompt_tokens": 1e308},
             "domains[0].controller_config.mean_prompt_tokens must be a token count",
         ),
+        ("context", [1], "domains[0].context must be an object, got [1]"),
+        (
+            "context",
+            {"ttft_slo_s": -1},
+            "domains[0].context.ttft_slo_s must be a positive number or null, got -1",
+        ),
+        ("context", {"gpu_uuids": [5]}, "domains[0].context.gpu_uuids must be a list of text"),
+        (
+            "context",
+            {"forecasts": {"mean_output_tokens": 0}},
+            "domains[0].context.forecasts.mean_output_tokens must be a token count",
+        ),
     ],
 )
 def test_replay_checks_each_domain_field_it_hands_the_controller(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +111,49 @@ def test_a_calibrated_power_profile_caps_the_whole_domain_of_a_pool() -> None:
         for replicas in (1, 2)
     ]
     assert caps[0] is not None and caps[1] == pytest.approx(2.0 * caps[0])
+
+
+def test_replay_gives_the_context_the_recorded_node_gave(
+    tmp_path: Path, module_on_path: Callable[[str, str], str]
+) -> None:
+    """``replay`` rebuilds the controller with the context the recorded domain's gave it:
+    the SLOs, thermal limit, GPUs and forecasts of a simulated node (an outside controller
+    that read its SLO from the context decided every tick otherwise in replay)."""
+    from gpugov.daemon.loop import TimedLoop, run
+    from gpugov.daemon.record import Recorder
+    from gpugov.daemon.replay import replay
+
+    name = module_on_path("replay_context_recording_governor", RECORDING)
+    spec = parse_controller_spec(f"{name}:make")
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-70b-tp4"))
+    workload = tuple(Request(i, 0.5 * i, 300 + 10 * i, 20) for i in range(8))
+    clock = VirtualClock()
+    sim = simulated_run(
+        workload,
+        plant,
+        spec,
+        clock,
+        period_s=0.5,
+        safety=SafetySettings(floor_mhz=900.0, dwell_s=1.0),
+        virtual_time=True,
+        slo_target=SLOTarget(attainment=0.95),
+    )
+    path = tmp_path / "run.jsonl"
+    recorder = Recorder(path, sim.header)
+    try:
+        run(
+            [sim.domain],
+            TimedLoop(0.5, clock=clock, sleep=clock.sleep),
+            on_tick=recorder,
+            before_tick=sim.before_tick,
+        )
+    finally:
+        recorder.close()
+        sim.finish()
+    replay(path, spec)
+    seen: list[Any] = sys.modules[name].seen
+    node, replayed = seen[0], seen[-1]
+    assert node.ttft_slo_s is not None and node.thermal_limit_c is not None
+    for field in SHARED:
+        assert getattr(replayed, field) == getattr(node, field), field
+    assert replayed.gpu_uuids and replayed.gpu_uuids == node.gpu_uuids
