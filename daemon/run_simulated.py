@@ -265,6 +265,24 @@ def _against_maximum(result: Any, workload: Any, plant: Any, seed: int) -> str:
     )
 
 
+def _learned_model_line(controller: Any) -> str | None:
+    """One line on the learned model the run kept in the state directory: whether it went
+    on from the one a run before kept there (its figures are then not a run from none, as
+    ``simulate``'s are) and where it is kept; None where no model is kept."""
+    from gpugov.controllers.contract import chain_layer
+    from gpugov.daemon.model_store import PersistentOnlineModel
+
+    store = chain_layer(controller, PersistentOnlineModel)
+    if store is None:
+        return None
+    start = (
+        f"went on from the one kept in {store.path}"
+        if store.restored
+        else "learned from none; kept in " + str(store.path)
+    )
+    return "  learned model: " + start + ("; its last save failed" if store.save_failed else "")
+
+
 def _print_summary(
     simulation: Any, stats: RunStats, args: argparse.Namespace, profile: Any, report: Any, n: int
 ) -> None:
@@ -286,6 +304,9 @@ def _print_summary(
         )
         + (f", fallbacks: {fallbacks}" if fallbacks else "")
     )
+    kept = _learned_model_line(domain.controller)
+    if kept is not None:
+        print(kept)
     past_end = window_past_end_note(report)
     if past_end is not None:  # the run covers less than the window asked for
         print(f"note: {past_end}")

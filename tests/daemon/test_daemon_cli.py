@@ -1716,3 +1716,26 @@ def test_a_dry_run_stopped_says_it_locked_nothing(
     resets = [line for line in text.splitlines() if "clocks reset" in line]
     assert resets and all("(dry run: not written)" in line for line in resets), resets
     assert not any(write[0] == "nvmlDeviceSetGpuLockedClocks" for write in fake.writes)
+
+
+def test_run_simulate_says_whether_it_went_on_from_a_kept_learned_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mpc-online`` under ``run --simulate`` keeps its learned model in the state
+    directory and the next run goes on from it, as a node does: the summary says so, so
+    that figures other than ``simulate``'s (which learns from none every run) have their
+    reason beside them."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    argv = ["run", "--simulate", "--virtual", "--duration", "20", "--quiet"]
+    argv += ["--metrics-address", "none", "--controller", "mpc-online"]
+    kept = tmp_path / "online-model-sim.json"
+    assert node_cli.main(argv) == 0
+    first = capsys.readouterr().out
+    assert f"  learned model: learned from none; kept in {kept}" in first.splitlines()
+    assert kept.is_file()
+    assert node_cli.main(argv) == 0
+    second = capsys.readouterr().out
+    assert f"  learned model: went on from the one kept in {kept}" in second.splitlines()
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert node_cli.main(argv) == 0
+    assert "learned model" not in capsys.readouterr().out
