@@ -309,7 +309,8 @@ def check_opened_once(
     opened: dict[str, tuple[str, str]], backend: GpuBackend, domain: str, named: str
 ) -> None:
     """Refuse a GPU the config names twice in two spellings (an index in one domain, its
-    UUID in another): the config's own check compares the spellings, this the UUIDs.
+    UUID in another; two MIG devices of it, each opened as the whole GPU): the config's
+    own check compares the spellings, this the UUIDs.
 
     Raises:
         ConfigError: naming both domains and both spellings.

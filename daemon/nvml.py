@@ -169,7 +169,9 @@ class NvmlBackend:
     """One GPU through NVML. Initialises NVML (refcounted) and releases it on ``close()``.
 
     Args:
-        gpu: NVML index (PCI order) or a ``GPU-...`` UUID.
+        gpu: NVML index (PCI order), a ``GPU-...`` UUID, or a ``MIG-...`` UUID, which
+            stands for its whole GPU (its ``label`` and ``uuid`` are that GPU's: two MIG
+            devices of one GPU are one GPU to govern).
         nvml: the ``pynvml`` module; tests pass a fake.
         clock: monotonic seconds, for when a read NVML does not support is tried again.
 
@@ -193,6 +195,13 @@ class NvmlBackend:
         try:
             if isinstance(gpu, str) and gpu.startswith(("GPU-", "MIG-")):
                 self._handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu)
+                if gpu.startswith("MIG-"):
+                    # A MIG device's clocks, power and temperature are its GPU's: a lock
+                    # acts on the whole GPU, and NVML answers a MIG handle's device calls
+                    # NOT_SUPPORTED. The GPU (its handle, index and UUID) is governed.
+                    self._handle = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+                        self._handle
+                    )
                 self._index = int(self._nvml.nvmlDeviceGetIndex(self._handle))
             else:
                 self._index = int(gpu)

@@ -5,6 +5,9 @@ classes mirror nvidia-ml-py exactly: ``NVMLError(code)`` returns an instance of 
 generated subclass for that code (``NVMLError_NoPermission``, ``NVMLError_GpuIsLost``...),
 and each subclass can be raised without arguments.
 
+A GPU in MIG mode lists its MIG devices' UUIDs (``FakeGpu.mig_uuids``); a MIG handle
+answers only its UUID, name and parent (:class:`FakeMigDevice`).
+
 Failure injection: ``permission=False`` (setters raise NO_PERMISSION), ``lose(index)``
 (every call on that GPU raises GPU_IS_LOST), ``fail(function, code, times)`` (the next
 ``times`` calls raise; ``times=None`` for always), ``flaky(function, code)`` (every
@@ -210,6 +213,9 @@ class FakeGpu:
     slowdown_temperature_c: int | None = 87
     """Where the GPU slows itself (``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``); None: the
     threshold read answers NOT_SUPPORTED."""
+    mig_uuids: tuple[str, ...] = ()
+    """The UUIDs of its MIG devices (``MIG-...``), for a GPU in MIG mode: each opens by
+    ``nvmlDeviceGetHandleByUUID`` as a :class:`FakeMigDevice` of this GPU."""
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -221,6 +227,37 @@ class FakeGpu:
         """The highest SM clock it runs at: its max clock, else the top listed one."""
         listed = max(self.graphics_clocks_mhz)
         return listed if self.max_clock_mhz is None else min(listed, self.max_clock_mhz)
+
+
+@dataclass
+class FakeMigDevice:
+    """A MIG device handle: a slice of ``parent``. As on real GPUs its UUID, its name and
+    its parent answer; a device call (clocks, power, temperature, locks) answers
+    NOT_SUPPORTED, the clocks being the whole GPU's (its parent's handle)."""
+
+    parent: FakeGpu
+    uuid: str
+
+    @property
+    def index(self) -> int:
+        """The parent's index (the fault harness keys failures by it)."""
+        return self.parent.index
+
+    @property
+    def lost(self) -> bool:
+        """Lost with its parent."""
+        return self.parent.lost
+
+
+MIG_HANDLE_CALLS = frozenset(
+    {
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceIsMigDeviceHandle",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    }
+)
+"""The calls the fake answers for a MIG device handle; every other one is NOT_SUPPORTED."""
 
 
 class FakeNvml:
@@ -263,7 +300,7 @@ class FakeNvml:
         """GPU ``index`` falls off the bus."""
         self.gpus[index].lost = True
 
-    def _enter(self, function: str, handle: FakeGpu | None = None) -> None:
+    def _enter(self, function: str, handle: FakeGpu | FakeMigDevice | None = None) -> None:
         self.calls[function] = self.calls.get(function, 0) + 1
         if function in self._removed:
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -284,6 +321,8 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if handle is not None and handle.lost:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+        if isinstance(handle, FakeMigDevice) and function not in MIG_HANDLE_CALLS:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     # -------------------------------------------------------------------- library
     def nvmlInit(self) -> None:
@@ -312,23 +351,39 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[index]
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu | FakeMigDevice:
         self._enter("nvmlDeviceGetHandleByUUID")
         for gpu in self.gpus:
             if gpu.uuid == uuid:
                 return gpu
+            if uuid in gpu.mig_uuids:
+                return FakeMigDevice(gpu, uuid)
         raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeGpu | FakeMigDevice) -> int:
+        self._enter("nvmlDeviceIsMigDeviceHandle", handle)
+        return int(isinstance(handle, FakeMigDevice))
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+        self, handle: FakeGpu | FakeMigDevice
+    ) -> FakeGpu:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle)
+        if not isinstance(handle, FakeMigDevice):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return handle.parent
 
     def nvmlDeviceGetIndex(self, handle: FakeGpu) -> int:
         self._enter("nvmlDeviceGetIndex", handle)
         return handle.index
 
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+    def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMigDevice) -> str:
         self._enter("nvmlDeviceGetUUID", handle)
         return handle.uuid
 
-    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+    def nvmlDeviceGetName(self, handle: FakeGpu | FakeMigDevice) -> str:
         self._enter("nvmlDeviceGetName", handle)
+        if isinstance(handle, FakeMigDevice):
+            return f"{handle.parent.name} MIG 3g.40gb"
         return handle.name
 
     # ---------------------------------------------------------------------- reads

@@ -15,6 +15,7 @@ from gpugov.daemon.backend import DryRunBackend, GpuBackend, GpuSample
 from gpugov.daemon.config import parse_config
 from gpugov.daemon.errors import (
     PERMISSION_DENIED_MESSAGE,
+    ConfigError,
     GpuError,
     GpuLost,
     GpuUnavailable,
@@ -253,6 +254,55 @@ def test_a_max_clock_read_that_fails_for_now_at_the_start_is_tried_again(code: i
         assert fake.calls["nvmlDeviceGetMaxClockInfo"] == 2
     finally:
         backend.close()
+
+
+def _mig_node() -> FakeNvml:
+    """GPU 0 whole, GPU 1 in MIG mode with two MIG devices."""
+    return FakeNvml([fp.FakeGpu(index=0), fp.FakeGpu(index=1, mig_uuids=("MIG-a1", "MIG-b1"))])
+
+
+def test_a_gpu_named_by_a_mig_devices_uuid_is_governed_as_its_whole_gpu() -> None:
+    """A MIG device's clocks are its GPU's (a lock acts on the whole GPU, and NVML answers a
+    MIG handle's device calls NOT_SUPPORTED): it is opened, read, locked and keyed as that
+    GPU, its index, UUID and clocks. Opened on the MIG handle, it was refused at the start
+    (``no such GPU``) where the NVML index was asked of it."""
+    fake = _mig_node()
+    backend = NvmlBackend("MIG-b1", nvml=fake)
+    try:
+        assert (backend.label, backend.uuid) == ("1", "GPU-fake-0001")
+        assert backend.name == "NVIDIA H100 80GB HBM3"
+        assert backend.supported_clocks_mhz() == tuple(range(345, 1981, 15))
+        assert backend.sample().sm_clock_mhz == 1980
+        backend.lock_clocks(1410, 1410)
+        assert [gpu.locked for gpu in fake.gpus] == [None, (1410, 1410)]
+    finally:
+        backend.close()
+
+
+def test_two_mig_devices_of_one_gpu_in_two_domains_are_refused(
+    metrics_server: MetricsServer,
+) -> None:
+    """Two domains on two MIG devices of one GPU would lock that one GPU's clocks each to
+    its own plan, every tick undoing the other's; refused at the start naming both, as
+    one GPU named by its index and its UUID is."""
+    fake = _mig_node()
+    engine = {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9}
+    config = parse_config(
+        {
+            "daemon": {"period_s": 1.0},
+            "domains": [
+                {"name": "a", "gpus": ["MIG-a1"], "engine": engine, "controller": {"kind": "max"}},
+                {"name": "b", "gpus": ["MIG-b1"], "engine": engine, "controller": {"kind": "max"}},
+            ],
+        }
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"domain 'b': GPU MIG-b1 is GPU-fake-0001, which "
+        r"domain 'a' names as GPU MIG-a1; a GPU belongs to one domain",
+    ):
+        domains_from_config(config, nvml=fake)
+    assert fake.initialized == 0  # every GPU opened was closed again
 
 
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
