@@ -31,6 +31,7 @@ from gpugov.controllers.budget import AttainmentBudget, loosened
 from gpugov.controllers.mpc.model import CHUNK_TOKENS
 from gpugov.controllers.online.exploration import ArrivalClumping, BacklogAge, SafeExploration
 from gpugov.controllers.online.identification import OnlineModel
+from gpugov.controllers.online.learned_plant import published_kv_capacity
 from gpugov.plant.types import ServingObservation
 
 FloatArray = NDArray[np.float64]
@@ -494,6 +495,9 @@ class MeasuredLatencyRules:
         little.
         (Not where no clock meets the short-answer limit, a board whose prefill chunk alone
         outlasts the TPOT SLO: the top clock would not save them.)
+        Where the waiting prompts do not fit the room the engine's published KV cache has
+        left, the top clock: they are admitted only as running replies finish, which the
+        drain by the prefill rate leaves out (a lower clock held them queued longer).
 
         ``target_share``, where given, is a tighter share of the flat SLO to drain within
         (a prefill pool's warm-up keeps the measured TTFT under its parking threshold,
@@ -501,6 +505,12 @@ class MeasuredLatencyRules:
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
+        if _waits_for_cache(observation):
+            # Prompts the cache has no room for are admitted only as the running replies
+            # finish and free theirs: decoding faster is what drains them, whatever a
+            # drain by the prefill rate alone would allow.
+            assert self.model is not None
+            return float(self.model.clocks_mhz[-1])
         # A pool of disaggregated serving is judged on one phase: no short answers decode
         # beside a prefill chunk there.
         colocated = observation.role not in ("prefill", "decode")
@@ -613,6 +623,18 @@ class MeasuredLatencyRules:
         slack = target + oldest - np.array([age for _, age in groups])
         chunks = np.ceil(backlog * done / chunk)
         return np.asarray((chunks[:, None] * mixed[None, :] <= slack[:, None]).all(axis=0))
+
+
+def _waits_for_cache(observation: ServingObservation) -> bool:
+    """Whether prompts wait that the engine's published KV cache has no room for beside
+    what it holds: their wait ends only as running requests finish (the engine admits a
+    prompt only where its tokens fit the cache)."""
+    capacity = published_kv_capacity(observation)
+    return (
+        capacity is not None
+        and observation.waiting_requests > 0
+        and observation.kv_tokens + observation.prefill_remaining_tokens > capacity
+    )
 
 
 def _chunk_tokens(observation: ServingObservation) -> float:

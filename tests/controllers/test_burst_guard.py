@@ -694,3 +694,21 @@ def test_a_tighter_target_share_binds_only_where_the_top_clock_meets_it() -> Non
     assert controller.burst_floor(pool, (ttft, 1.0), 0.5) == pytest.approx(half)
     assert controller.burst_floor(pool, (ttft, 1.0), 0.3) == pytest.approx(margin)
     assert controller.burst_floor(pool, (ttft, 1.0), 0.9) == pytest.approx(margin)
+
+
+def test_prompts_the_kv_cache_has_no_room_for_get_the_top_clock() -> None:
+    """Admitted only as running replies finish, a backlog that does not fit the cache's
+    room drains at the decode's pace, which the drain by the prefill rate leaves out;
+    the same backlog with room, or where the engine publishes no cache, keeps the drain's
+    clock."""
+    controller = _controller()
+    slos = (100.0, 1.0)  # loose: the drain alone allows the lowest clock
+    waiting = _seen(backlog=4000.0, running=12, waiting=3)
+    roomy = replace(waiting, kv_tokens=10_000.0, kv_capacity_tokens=20_000.0)
+    full = replace(waiting, kv_tokens=18_000.0, kv_capacity_tokens=20_000.0)
+    assert controller.burst_floor(waiting, slos) == CLOCKS[0]
+    assert controller.burst_floor(roomy, slos) == CLOCKS[0]
+    assert controller.burst_floor(full, slos) == CLOCKS[-1]
+    # Nothing waits: no guard, however full the cache.
+    idle = replace(full, waiting_requests=0, prefill_remaining_tokens=0.0)
+    assert controller.burst_floor(idle, slos) is None
