@@ -45,15 +45,21 @@ def read_within(
 ) -> Any:
     """``backend.method()`` where the backend has that method, else None; with
     ``read_deadline_s`` read on a worker thread, a hung call None (one warning naming
-    ``what``): the start-time reads of what a GPU accepts or does by itself."""
+    ``what``): the start-time reads of what a GPU accepts or does by itself. A read that
+    fails for now (:class:`~daemon.errors.TransientGpuError`) is unknown too."""
     read = getattr(backend, method, None)
     if read is None:
         return None
-    if read_deadline_s is None:
-        return read()
-    reader = LatestReader(read, read_deadline_s, name=f"gpu-{method}-{backend.label}")
+    reader = (
+        None
+        if read_deadline_s is None
+        else LatestReader(read, read_deadline_s, name=f"gpu-{method}-{backend.label}")
+    )
     try:
-        return reader.read()
+        return read() if reader is None else reader.read()
+    except TransientGpuError as error:
+        log.debug("GPU %s: its %s not read: %s", backend.label, what, error)
+        return None
     except ReadTimeout:
         log.warning(
             "GPU %s: its %s not read within %g s (a hung GPU call); taken as unknown",

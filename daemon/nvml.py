@@ -564,13 +564,20 @@ class NvmlBackend:
         """The (lowest, highest) power limit the GPU accepts, in watts
         (``nvmlDeviceGetPowerManagementLimitConstraints``), or None when it cannot be read
         or no GPU has them (reversed, 0, 0xFFFFFFFF mW: one warning), so a bad pair never
-        discards genuine power readings nor blocks a power cap."""
+        discards genuine power readings nor blocks a power cap.
+
+        Raises:
+            TransientGpuError: the read failed for now (TIMEOUT, UNKNOWN): read again
+                later, where None would stand for the whole run.
+        """
         try:
             low_mw, high_mw = self._call(
                 "read power limit constraints",
                 self._nvml.nvmlDeviceGetPowerManagementLimitConstraints,
                 self._handle,
             )
+        except TransientGpuError:
+            raise
         except GpuError:
             return None
         try:

@@ -247,6 +247,22 @@ class PowerLimitActuator:
             self._take_late(backend, late)
         return True
 
+    def _bounds_read(self, backend: PowerLimitBackend) -> bool:
+        """Whether ``backend``'s constraints are read (or known to be unknown); a read
+        that failed for now is one more failed write and the GPU waits for the next
+        tick: its share set with its lowest limit unknown (0 W) was refused by NVML, and
+        the refusal dropped the cap for the whole run.
+
+        Raises:
+            GpuLost: the GPU fell off the bus.
+        """
+        self.bounds.constraints(backend)
+        error = self.bounds.unread.get(backend.label)
+        if error is None:
+            return True
+        self._writers[backend.label].failed("write", error)
+        return False
+
     def _take_late(self, backend: PowerLimitBackend, late: LateCall[PowerLimitWrite]) -> None:
         """A hung write to ``backend`` has returned: the GPU holds what it wrote when it
         went through (its original, after a restore); when it failed, that is one more
@@ -322,8 +338,8 @@ class PowerLimitActuator:
             original = self._original(backend)
             if self.refused is not None:
                 break  # refused: this read, or the hung write that returned
-            if original is not None:  # else a transient failure reading it: next tick
-                ready.append((backend, original))
+            if original is not None and self._bounds_read(backend):
+                ready.append((backend, original))  # else a transient failure: next tick
         if self.refused is not None:
             self._release()
             return written

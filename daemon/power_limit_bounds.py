@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpugov.daemon.backend import PowerLimitBackend
-from gpugov.daemon.errors import GpuError, GpuLost
+from gpugov.daemon.errors import GpuError, GpuLost, TransientGpuError
 from gpugov.daemon.gpu_writer import GpuWriter
 
 # The power limit actuator's logger: these lines were logged there and keep its name.
@@ -39,6 +39,9 @@ class PowerLimitBounds:
         self.domain = domain
         self._writers = writers
         self._read: dict[str, tuple[float, float] | None] = {}
+        self.unread: dict[str, GpuError] = {}
+        """Per GPU whose constraints' last read failed for now (read again next time), its
+        error: its share waits for them (:meth:`constraints`)."""
         self._logged: set[tuple[str, str]] = set()
         self._bad_request_logged = False
 
@@ -70,7 +73,8 @@ class PowerLimitBounds:
 
     def constraints(self, backend: PowerLimitBackend) -> tuple[float, float] | None:
         """The (lowest, highest) limit ``backend`` accepts, in watts, read once (through
-        its writer); None when it cannot be read now (read again next time).
+        its writer); None when it cannot be read now (read again next time; a read that
+        failed for now is in :attr:`unread`) or the GPU reports none.
 
         Raises:
             GpuLost: the GPU fell off the bus.
@@ -85,7 +89,10 @@ class PowerLimitBounds:
                 raise
             except GpuError as error:
                 log.debug("GPU %s: power limit constraints not read: %s", label, error)
+                if isinstance(error, TransientGpuError):
+                    self.unread[label] = error
                 return None
+            self.unread.pop(label, None)
         return self._read[label]
 
     def level(

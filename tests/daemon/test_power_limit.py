@@ -306,6 +306,24 @@ def test_a_request_outside_the_constraints_is_clamped_and_said_once(
     assert "which gpugov never raises" in caplog.text
 
 
+def test_a_constraints_read_that_fails_for_now_is_read_again(fake_nvml: FakeNvml) -> None:
+    """The limits a GPU accepts, read when a cap is first applied, failing once (TIMEOUT):
+    read again at the next apply, and the share below them clamped into them. Taken as
+    unknown for the whole run, a share under the GPU's lowest limit was written every tick
+    and refused by NVML every tick (INVALID_ARGUMENT): the cap was never applied."""
+    # GPU 0's reads in the first apply (before its original is taken, and before its share).
+    fake_nvml.fail("nvmlDeviceGetPowerManagementLimitConstraints", fp.NVML_ERROR_TIMEOUT, 2)
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    actuator.apply(100.0)  # 50 W a GPU, below the 200 W they accept
+    assert _limits_mw(fake_nvml) == [700_000, 200_000]  # GPU 0 waits for its constraints
+    assert actuator.write_failures == {"0": 1, "1": 0} and actuator.refused is None
+    for _ in range(2):
+        actuator.apply(100.0)
+    assert _limits_mw(fake_nvml) == [200_000, 200_000]
+    assert actuator.write_failures == {"0": 1, "1": 0} and actuator.refused is None
+    assert fake_nvml.calls["nvmlDeviceGetPowerManagementLimitConstraints"] == 4  # read again
+
+
 def test_permission_denied_is_one_line_and_no_cap(
     fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -596,6 +614,19 @@ def test_a_configured_cap_below_the_gpus_lowest_limit_is_refused_naming_the_fiel
         _config(vllm_server.url, controller={"kind": "power-cap", "cap_w": 400.0}), nvml=fake
     )
     assembled.close()
+
+
+def test_a_constraints_read_failing_for_now_at_the_start_is_unknown_not_an_error(
+    vllm_server: MetricsServer,
+) -> None:
+    """At the start (the configured cap's check against the lowest limit) a constraints
+    read that fails for now leaves them unknown, as before: the start goes on."""
+    fake = FakeNvml(2)
+    fake.fail("nvmlDeviceGetPowerManagementLimitConstraints", fp.NVML_ERROR_TIMEOUT, None)
+    section = {"controller": {"kind": "power-cap", "cap_w": 10.0}}
+    assembled = domains_from_config(_config(vllm_server.url, **section), nvml=fake)
+    assembled.close()
+    assert fake.calls["nvmlDeviceGetPowerManagementLimitConstraints"] >= 1  # it was read
 
 
 def test_a_node_restores_the_cap_when_the_run_ends_in_an_exception(
