@@ -175,7 +175,8 @@ def run_simulated(args: argparse.Namespace) -> int:
     print(
         f"gpugov run --simulate: {len(workload)} requests from {Path(report.path).name}, "
         f"profile {profile.name}, controller {simulation.domain.label} every "
-        f"{args.control_period:g} s, SLO target {target}, {pace}"
+        f"{args.control_period:g} s, SLO target {target}, {safety.words()}, "
+        f"{args.engine_view} engine view, {pace}"
         + (f"; metrics on {exporter.url}" if exporter else ""),
         flush=True,
     )

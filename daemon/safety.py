@@ -56,6 +56,14 @@ class SafetySettings:
         if not math.isfinite(interval) or interval < 0:
             raise ValueError(f"min_relock_interval_s must be >= 0, got {interval!r}")
 
+    def words(self) -> str:
+        """The chain's floor and dwell in words, for a command's title line or a study's
+        summary: two runs' figures then show the settings they differ in."""
+        floor = (
+            "no clock floor" if self.floor_mhz is None else f"clock floor {self.floor_mhz:g} MHz"
+        )
+        return f"dwell {self.dwell_s:g} s, {floor}"
+
     def as_dict(self) -> dict[str, float | None]:
         """JSON form (recording headers, scoreboard parameters)."""
         return {

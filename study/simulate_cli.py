@@ -268,6 +268,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"trace {Path(report.path).name} [{len(workload)} requests], every "
         f"{args.control_period:g} s, SLO target "
         + ("none" if args.slo_target is None else f"{100.0 * args.slo_target:g}%")
+        + f", {safety.words()}, {args.engine_view} engine view"
     )
     energy = result_energy(result)
     separation = arrival_separation(result.request_records)

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpugov.daemon.errors import printable
 from gpugov.daemon.files import write_files_atomic
+from gpugov.daemon.safety import SafetySettings
 from gpugov.study.fleet.run import UNCAPPED
 from gpugov.study.fleet.workload import UTILIZATION_TOLERANCE
 from gpugov.study.markdown import markdown_text
@@ -116,6 +117,11 @@ def markdown(payload: dict[str, Any]) -> str:
         if "control_period_s" in config
         else ""
     )
+    if "dwell_s" in config:  # the chain and the view it ran in (older results: unsaid)
+        chain = SafetySettings(dwell_s=config["dwell_s"]).words()
+        decides += f" in the node's safety chain ({chain})"
+    if config.get("engine_view"):
+        decides += f" on the {config['engine_view']} engine view"
     lines = [
         "# gpugov fleet",
         "",

@@ -458,7 +458,8 @@ def _run_plan(
             f"# gpugov sweep: {printable(grid_path.name)}\n\n"
             f"{len(plan.cells)} cells; means over seeds; "
             f"saved is energy saved against `{BASELINE}` on the same trace, profile, load and "
-            f"seed.\n\n{versions_markdown(versions)}{failed_cells_markdown(failed)}"
+            f"seed.\n\n{_settings_markdown(plan.grid.settings())}"
+            f"{versions_markdown(versions)}{failed_cells_markdown(failed)}"
             f"{invalid_decisions_markdown(table)}"
             f"{format_table(table, markdown=True)}\n"
         ),
@@ -478,6 +479,31 @@ def _run_plan(
         "table": table,
         "paths": paths,
     }
+
+
+def _settings_markdown(settings: Mapping[str, Any]) -> str:
+    """The settings every cell ran with, in words (the grid's, else ``simulate``'s
+    defaults), so that a cell's figures set beside a ``simulate`` or ``run --simulate``
+    run's show the settings they differ in."""
+    period = settings.get("control_period_s")
+    target = settings.get("slo_target")
+    duration = settings.get("duration_s")
+    return (
+        "Every cell: its controller decides "
+        + (
+            f"every {period:g} s"
+            if period is not None
+            else "at its own period (0.25 s for `mpc-online`, 1 s for the others)"
+        )
+        + ", SLO target "
+        + ("none" if target is None else f"{100.0 * target:g} %")
+        + f", the node's safety chain ({_safety(settings).words()}), the "
+        + f"{settings['engine_view']} engine view, the "
+        + f"{settings['scheduler']} scheduler, latency noise {settings['latency_noise']:g}, "
+        + f"the window from {settings['start_s']:g} s "
+        + ("to the trace's end" if duration is None else f"for {duration:g} s")
+        + ".\n\n"
+    )
 
 
 __all__ = [

@@ -1739,3 +1739,17 @@ def test_run_simulate_says_whether_it_went_on_from_a_kept_learned_model(
     monkeypatch.delenv("STATE_DIRECTORY")
     assert node_cli.main(argv) == 0
     assert "learned model" not in capsys.readouterr().out
+
+
+def test_run_simulate_says_the_chain_and_view_its_controller_runs_in(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The start line states the chain's dwell and floor and the engine view beside the
+    period and SLO target, as ``simulate``'s title does."""
+    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--quiet"]
+    argv += ["--metrics-address", "none", "--controller", "reactive"]
+    assert node_cli.main([*argv, "--dwell", "2", "--floor", "900"]) == 0
+    assert (
+        "controller reactive every 1 s, SLO target 99%, dwell 2 s, clock floor 900 MHz, "
+        "vllm engine view, virtual time"
+    ) in capsys.readouterr().out

@@ -757,7 +757,9 @@ def test_every_node_decides_as_a_node_runs_its_controller(
     assert main([*argv, *flags, "--out", str(out)]) == 0
     config = json.loads((out / "fleet.json").read_text())["config"]
     assert (config["control_period_s"], config["slo_target"]) == (period_s, target)
-    said = f"every {period_s:g} s" + (f" to an SLO target of {100 * target:g} %" if target else ",")
+    said = f"every {period_s:g} s" + (f" to an SLO target of {100 * target:g} %" if target else "")
+    # The chain and the view it ran in, as simulate's title says them.
+    said += " in the node's safety chain (dwell 0.5 s, no clock floor) on the vllm engine view,"
     assert said in (out / "fleet.md").read_text()
 
 

@@ -515,3 +515,17 @@ def test_a_failed_plot_write_names_plot(
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert err == [f"gpugov: error: --plot {link}: cannot write: No space left on device"], err
     assert not out.exists()
+
+
+def test_the_title_says_the_chain_and_view_the_controller_ran_in(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The title line states the safety chain's dwell and floor and the engine view, as it
+    states the period and SLO target: two runs' figures show the settings they differ in."""
+    argv = ["simulate", "--controller", "reactive", "--duration", "5", "--quiet"]
+    assert main([*argv, "--dwell", "2", "--floor", "900", "--engine-view", "exact"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.endswith("dwell 2 s, clock floor 900 MHz, exact engine view"), title
+    assert main(argv) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.endswith("dwell 0.5 s, no clock floor, vllm engine view"), title
