@@ -34,6 +34,7 @@ from gpugov.daemon.backend import (
     clock_tolerance_mhz,
 )
 from gpugov.daemon.errors import (
+    FUNCTION_NOT_FOUND,
     GpuError,
     GpuLost,
     GpuUnavailable,
@@ -420,7 +421,9 @@ class NvmlBackend:
                         "read temperature", nvml.nvmlDeviceGetTemperatureV, self._handle, sensor
                     )
                 )
-            except NotSupported:
+            except NotSupported as error:
+                if error.code != FUNCTION_NOT_FOUND:
+                    raise  # not a driver older than the call: tried again later
                 self._use_temperature_v = False
         return float(
             self._call("read temperature", nvml.nvmlDeviceGetTemperature, self._handle, sensor)
@@ -433,9 +436,14 @@ class NvmlBackend:
             try:
                 return int(self._call("read clock event reasons", function, self._handle))
             except NotSupported as error:
-                if self._event_reasons_name.endswith("ThrottleReasons"):
+                # Only FUNCTION_NOT_FOUND (a driver older than the rename) moves to the old
+                # name: moved on any NOT_SUPPORTED, the reasons stayed unread for good
+                # where the driver lacks the old symbol (or answers it DEPRECATED).
+                if (
+                    self._event_reasons_name.endswith("ThrottleReasons")
+                    or error.code != FUNCTION_NOT_FOUND
+                ):
                     raise
-                # FUNCTION_NOT_FOUND: the driver predates the rename; use the old name.
                 log.debug("GPU %s: %s; trying the Throttle name", self._label, error)
         self._event_reasons_name = "nvmlDeviceGetCurrentClocksThrottleReasons"
         return int(

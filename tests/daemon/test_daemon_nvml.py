@@ -396,6 +396,39 @@ def test_temperature_and_event_reason_fallbacks() -> None:
     assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 2
 
 
+@pytest.mark.parametrize("code", [fp.NVML_ERROR_NOT_SUPPORTED, fp.NVML_ERROR_DEPRECATED])
+def test_event_reasons_not_supported_for_now_keep_the_new_name(code: int) -> None:
+    """Only FUNCTION_NOT_FOUND (a driver older than the rename) moves the event reasons
+    to the old Throttle name. A NOT_SUPPORTED of the new name moved them for good: on a
+    driver without the old symbol (or one answering it DEPRECATED) they were unread for
+    the rest of the run, the readback judging every lock without them."""
+    now = [0.0]
+    fake = FakeNvml(1)
+    fake.remove("nvmlDeviceGetCurrentClocksThrottleReasons")
+    fake.gpus[0].event_reasons = fp.nvmlClocksEventReasonSwPowerCap
+    fake.fail("nvmlDeviceGetCurrentClocksEventReasons", code)
+    backend = NvmlBackend(0, nvml=fake, clock=lambda: now[0])
+    assert backend.sample().clock_event_reasons is None  # not supported: tried again later
+    now[0] += 61.0
+    assert backend.sample().clock_event_reasons == 0x4
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" not in fake.calls
+
+
+@pytest.mark.parametrize("code", [fp.NVML_ERROR_NOT_SUPPORTED, fp.NVML_ERROR_DEPRECATED])
+def test_temperature_not_supported_for_now_keeps_the_versioned_call(code: int) -> None:
+    """As the event reasons: only FUNCTION_NOT_FOUND moves the temperature to the deprecated
+    nvmlDeviceGetTemperature (to be removed with CUDA 14), not a NOT_SUPPORTED for now."""
+    now = [0.0]
+    fake = FakeNvml(1)
+    fake.remove("nvmlDeviceGetTemperature")
+    fake.fail("nvmlDeviceGetTemperatureV", code)
+    backend = NvmlBackend(0, nvml=fake, clock=lambda: now[0])
+    assert backend.sample().temperature_c is None
+    now[0] += 61.0
+    assert backend.sample().temperature_c == 55
+    assert "nvmlDeviceGetTemperature" not in fake.calls
+
+
 def test_transient_read_error_is_counted_and_survived() -> None:
     fake = FakeNvml(1)
     backend = NvmlBackend(0, nvml=fake)
