@@ -229,10 +229,15 @@ class NvmlBackend:
         self._clock = clock
         self._dropped: dict[str, float] = {}
         """Per read NVML does not support, when it last said so (:meth:`_read`)."""
-        self._power_scopes: tuple[int, ...] = (
+        self._all_power_scopes: tuple[int, ...] = (
             _const(self._nvml, "NVML_POWER_SCOPE_GPU", POWER_SCOPE_GPU),
             _const(self._nvml, "NVML_POWER_SCOPE_MODULE", POWER_SCOPE_MODULE),
         )
+        self._power_scopes: tuple[int, ...] = self._all_power_scopes
+        """The scopes the instant power field is read at, first to last (:meth:`_power`)."""
+        self._power_scope_dropped_s: float | None = None
+        """When a scope was last found unsupported: every scope is tried again
+        :data:`UNSUPPORTED_READ_RETRY_S` later, as every read NVML does not support."""
         self._power_said = ""
         """The last power source said (:meth:`_say_power_source`)."""
         self._use_temperature_v = True
@@ -353,10 +358,14 @@ class NvmlBackend:
     def _power(self) -> float:
         """Instant power (field 186) in watts, at GPU scope, else MODULE scope (Grace-Hopper),
         else the 1 s average getter; a scope NVML does not read is passed over within the
-        same sample, a field call or field that fails for now leaves this sample to the
-        average getter, and each source other than GPU scope is said once (INFO)."""
+        same sample, and tried again once :data:`UNSUPPORTED_READ_RETRY_S` has passed; a
+        field call or field that fails for now leaves this sample to the average getter, and
+        each change of source is said once (INFO)."""
         nvml = self._nvml
         power_field = _const(nvml, "NVML_FI_DEV_POWER_INSTANT", FI_DEV_POWER_INSTANT)
+        dropped_s = self._power_scope_dropped_s
+        if dropped_s is not None and self._clock() - dropped_s >= UNSUPPORTED_READ_RETRY_S:
+            self._power_scopes, self._power_scope_dropped_s = self._all_power_scopes, None
         while self._power_scopes:
             scope = self._power_scopes[0]
             try:
@@ -367,7 +376,7 @@ class NvmlBackend:
                     [(power_field, scope)],
                 )
             except NotSupported:
-                self._power_scopes = ()
+                self._power_scopes, self._power_scope_dropped_s = (), self._clock()
                 break
             except TransientGpuError as error:  # as a field answered with such a code
                 log.debug("GPU %s: power field failed for now: %s", self._label, error)
@@ -379,11 +388,13 @@ class NvmlBackend:
                         "its power is read at MODULE scope (the whole Grace-Hopper module: "
                         "GPU, CPU and memory): NVML reads no GPU-scope instant power"
                     )
+                elif self._power_said:  # back from a fallback said before
+                    self._say_power_source("its instant power reads again (GPU scope)")
                 return _field_value(nvml, values[0]) / 1000.0
             if code not in _PERMANENT_FIELD_CODES:
                 break  # a passing failure: this sample's power from the average getter
             # GPU scope fails on Grace-Hopper C2C parts (Zeus): MODULE scope next.
-            self._power_scopes = self._power_scopes[1:]
+            self._power_scopes, self._power_scope_dropped_s = self._power_scopes[1:], self._clock()
         if not self._power_scopes:
             self._say_power_source(
                 "NVML reads no instant power; its power is the 1 s average "

@@ -336,6 +336,35 @@ def test_power_falls_back_to_average_getter() -> None:
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
 
 
+def test_instant_power_found_unsupported_is_tried_again_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The instant power field answered NOT_SUPPORTED once (the call, or the field at each
+    scope): as every read NVML says it does not support, tried again a minute later. It
+    was given up for good, every later sample the 1 s average (a driver in trouble for a
+    moment left the run without instant power)."""
+    now = [0.0]
+    gpu = fp.FakeGpu(index=0)
+    fake = FakeNvml([gpu])
+    backend = NvmlBackend(0, nvml=fake, clock=lambda: now[0])
+    fake.fail("nvmlDeviceGetFieldValues", fp.NVML_ERROR_NOT_SUPPORTED)
+    with caplog.at_level(logging.INFO, logger="gpugov.daemon.nvml"):
+        assert [backend.sample().power_w for _ in range(2)] == [pytest.approx(340.0)] * 2
+        now[0] += 61.0
+        assert backend.sample().power_w == pytest.approx(350.0)  # instant again
+        gpu.field_power_supported = False  # the field unsupported at both scopes
+        assert backend.sample().power_w == pytest.approx(340.0)
+        gpu.field_power_supported = True
+        assert backend.sample().power_w == pytest.approx(340.0)  # within the minute
+        now[0] += 61.0
+        assert backend.sample().power_w == pytest.approx(350.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: NVML reads no instant power; its power is the 1 s average "
+        "(nvmlDeviceGetPowerUsage)",
+        "GPU 0: its instant power reads again (GPU scope)",
+    ] * 2
+
+
 @pytest.mark.parametrize("code", [fp.NVML_ERROR_TIMEOUT, fp.NVML_ERROR_UNKNOWN])
 def test_a_power_field_call_that_fails_for_now_falls_back_to_the_average_getter(
     code: int,
