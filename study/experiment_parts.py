@@ -133,6 +133,22 @@ CASE_STUDY_SAFETY = SafetySettings(floor_mhz=None, dwell_s=0.0)
 """The case study's runs hold no clock (the seed's have no dwell) and set no floor: the
 chain only quantises onto the supported clocks, which every controller here already asks
 for, so the seed's numbers are reproduced."""
+CASE_STUDY_PERIOD_S = 1.0
+"""The case study's control period: the seed's one decision a second."""
+
+
+def case_study_settings() -> dict[str, Any]:
+    """What every controller of the case study runs with (``results.json``'s
+    ``metadata.controllers``, said in ``summary.md``): its period, safety chain, SLO target
+    (none: fixed margins) and engine view (the plant's exact state), the seed's rather than
+    ``simulate``'s defaults, so that figures set beside a ``simulate`` run's say why they
+    differ."""
+    return {
+        "control_period_s": CASE_STUDY_PERIOD_S,
+        "safety": CASE_STUDY_SAFETY.as_dict(),
+        "slo_target": None,
+        "engine_view": "exact",
+    }
 
 
 def case_study_controller(
@@ -149,7 +165,7 @@ def case_study_controller(
     context = ControllerContext.for_plant(
         plant,
         workload,
-        period_s=1.0,
+        period_s=CASE_STUDY_PERIOD_S,
         safety=CASE_STUDY_SAFETY,
         forecasts=forecasts or Forecasts(),
         plan=plan,

@@ -60,6 +60,7 @@ from gpugov.study.experiment_parts import (
     FQI_RANDOM_SEED,
     FREQUENCY_EXPERIMENT_WINDOW_S,
     SuiteInputs,
+    case_study_settings,
     moved_request_ids,
     run_part,
     run_scheduling_on_plant,
@@ -451,6 +452,7 @@ def assemble_textbook_results(
             "evaluation_horizon_steps": evaluation_horizon_steps,
         },
         "timing_fields": list(TIMING_FIELDS),
+        "controllers": case_study_settings(),
     }
     metadata.update(dict(extra_metadata or {}))
 

@@ -50,6 +50,7 @@ from gpugov.daemon.cli_support import (
 )
 from gpugov.daemon.files import write_text_atomic
 from gpugov.daemon.progress import Progress
+from gpugov.daemon.safety import SafetySettings
 from gpugov.plant import ServingPlant
 from gpugov.plant.profile import DEFAULT_PROFILE
 from gpugov.plant.workload import DEFAULT_TRACE, format_seconds
@@ -177,6 +178,23 @@ def _past_end(trace: dict[str, Any]) -> str:
     return f", past the trace's last arrival at {format_seconds(span)} s"
 
 
+def _controllers_line(settings: Mapping[str, Any] | None) -> list[str]:
+    """The bullet on what every controller ran with (none for results from before they
+    recorded it): the seed's settings, which are not ``simulate``'s defaults."""
+    if not settings:
+        return []
+    safety = settings["safety"]
+    chain = SafetySettings(floor_mhz=safety["floor_mhz"], dwell_s=safety["dwell_s"]).words()
+    target = settings["slo_target"]
+    return [
+        f"- Controllers: the node's factory and safety chain ({chain}), every "
+        f"{settings['control_period_s']:g} s, SLO target "
+        + ("none (fixed margins)" if target is None else f"{100.0 * target:g} %")
+        + f", the {settings['engine_view']} engine view, as the seed runs them (`simulate`'s "
+        "defaults: dwell 0.5 s, a 99 % SLO target, the vllm engine view)"
+    ]
+
+
 def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | None = None) -> str:
     """The ``summary.md`` text for a :func:`build_textbook_results` payload."""
     metadata = results["metadata"]
@@ -198,6 +216,7 @@ def format_summary_markdown(results: Mapping[str, Any], *, elapsed_s: float | No
         f"({window['shiftable_burst_request_count']} requests) moved 20 s earlier",
         f"- Declared output forecast: {metadata['expected_output_tokens']:.1f} tokens; "
         f"load dilation {metadata['load_dilation']:g}",
+        *_controllers_line(metadata.get("controllers")),
         "- Sizes: "
         + ", ".join(f"{key} {value:,}" for key, value in metadata["sizes"].items())
         + (" (**--quick**: not the study's sizes)" if metadata.get("quick") else ""),

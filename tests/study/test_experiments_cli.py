@@ -153,6 +153,18 @@ def test_summary_has_the_headline_tables_and_caveats(quick_run) -> None:
     assert "fallbacks to the reactive governor" in summary
     assert "## Seed deviations" in summary
     assert "--quick" in summary
+    # What every controller ran with, which is the seed's, not simulate's defaults.
+    assert (
+        "- Controllers: the node's factory and safety chain (dwell 0 s, no clock floor), "
+        "every 1 s, SLO target none (fixed margins), the exact engine view, as the seed runs"
+    ) in summary
+    metadata = json.loads((out / "results.json").read_text())["metadata"]
+    assert metadata["controllers"] == {
+        "control_period_s": 1.0,
+        "safety": {"floor_mhz": None, "dwell_s": 0.0, "min_relock_interval_s": 0.1},
+        "slo_target": None,
+        "engine_view": "exact",
+    }
     for name in experiments_cli.FIGURES:
         assert f"(figures/{name})" in summary
 
