@@ -186,11 +186,16 @@ def _open_recorded(
     stop: threading.Event | None,
     deadline_s: float,
 ) -> tuple[str, GpuBackend | Exception, SerialCalls]:
-    """A GPU a state file entry names, as it names it: ``(its name, the opened backend or
-    the error that kept it from opening, the worker its calls run on)``, the open waited
-    for at most ``deadline_s``."""
+    """A GPU a state file entry names: ``(its name, the opened backend or the error that
+    kept it from opening, the worker its calls run on)``, the open waited for at most
+    ``deadline_s``. An entry keyed by a UUID is opened by it through the backends that
+    take one (NVML's), wherever the GPU is now, and named by its index now: opened by the
+    index recorded, a GPU moved since (one before it taken off the node) was not found, or
+    another GPU was, and it stayed locked."""
     named = str(entry.get("gpu", key))
     gpu: int | str = int(named) if named.isascii() and named.isdigit() else named
+    if key.startswith(("GPU-", "MIG-")) and config.daemon.backend in UUID_BACKENDS:
+        gpu = key
     calls = SerialCalls(deadline_s, name=f"left-{named}", cause="a hung GPU call")
     try:
         backend = calls.call(
@@ -204,7 +209,11 @@ def _open_recorded(
         )
     except (GpugovError, ValueError, CallTimeout) as error:  # ValueError: a split backend's usage
         return named, error, calls
-    return named, backend, calls
+    return (backend.label if gpu == key else named), backend, calls
+
+
+UUID_BACKENDS = frozenset({"nvml", "actuator", "zeusd"})
+"""The backends that open a GPU by its UUID (each reads it through NVML)."""
 
 
 def _emulator_lacks(config: GpugovConfig, named: str, calls: SerialCalls) -> bool:

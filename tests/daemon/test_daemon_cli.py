@@ -912,6 +912,38 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_lock_left_on_a_gpu_moved_to_another_index_since_is_reset_where_it_is(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run on GPUs 0 to 2 is killed; GPU 1 is then taken off the node, so the GPU that
+    was 2 is 1 now, and the next start governs GPU 0 only. The lock left on it is found by
+    its UUID and reset: opened by the index recorded (2, no GPU now), it stayed locked
+    low, the line sending the operator to reset a GPU 2 the node no longer has."""
+    import fake_pynvml as fp
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    fake.gpus.append(fp.FakeGpu(index=2))
+    state_dir = tmp_path / "state"
+    killed = ClockActuator([NvmlBackend(2, nvml=fake)], state=LockState(state_dir, pid=1))
+    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    moved = fake.gpus.pop(2)
+    fake.gpus[1] = moved  # GPU 1 removed: GPU-fake-0002 is GPU 1 now
+    moved.index = 1
+    _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    assert moved.locked is None
+    assert LockState(state_dir).read() == {}
+    (line,) = [r.getMessage() for r in caplog.records if "(GPU-fake-0002)" in r.getMessage()]
+    assert line.startswith("reconcile: GPU 1 (GPU-fake-0002), not in this config"), line
+    assert line.endswith("; reset"), line
+
+
 def test_a_lock_a_killed_run_left_on_a_lost_gpu_no_longer_configured_names_no_command(
     tmp_path: Path,
     metrics_server: MetricsServer,
