@@ -124,8 +124,10 @@ def within_window(
         return count_within(buckets, threshold_s)
     low, high, count = bounds[held]
     within_below = sum(c for _, _, c in bounds[:held])
-    if count <= 0.0:
-        return within_below
+    if count <= 0.0 or threshold_s >= high:
+        # The SLO on the bucket's bound: every observation in it met the SLO, exactly
+        # (a spread placed around the window's mean must not carry any past the bound).
+        return within_below + max(count, 0.0)
     rest = [(lo, up, c) for i, (lo, up, c) in enumerate(bounds) if i != held and c]
     others = sum(_typical(lo, up, known) * c for lo, up, c in rest)
     mean = (sum_s - others) / count

@@ -185,6 +185,20 @@ def test_known_lone_values_place_the_other_buckets_and_the_spread() -> None:
     assert within_window(pair, 0.0163, 4 * 0.015, steady[:3]) == pytest.approx(2.52)
 
 
+def test_an_slo_on_a_bucket_bound_counts_every_observation_in_that_bucket_met() -> None:
+    """A 10 ms TPOT SLO is vLLM's first bound: every observation in (0, 10 ms] met it,
+    whatever the lone values known there say of their spread. Four requests at a mean of
+    9.3 ms, beside lone ones seen from 2 to 9.5 ms, were placed around 9.3 ms with that
+    spread, past the bucket's own bound, and counted as misses that never happened (a
+    TP 8 board's budget judged itself behind and held the top clock)."""
+    window = ((0.01, 4.0), (0.025, 4.0), (math.inf, 4.0))
+    known = [0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.009, 0.0095]
+    assert within_window(window, 0.01, 4 * 0.0093, known) == 4.0
+    assert within_window(window, 0.01, 4 * 0.0093) == 4.0
+    # Within the bucket, below its bound, the spread still decides.
+    assert within_window(window, 0.0095, 4 * 0.0093, known) < 4.0
+
+
 def test_the_estimator_keeps_lone_observations() -> None:
     estimator = AttainmentEstimator(None, 0.0163)
     alone = ((0.01, 0.0), (0.025, 1.0), (math.inf, 1.0))
