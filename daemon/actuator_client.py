@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import socket
@@ -127,8 +128,28 @@ class ActuatorClient:
                 f"this gpugov speaks {PROTOCOL}: run the same gpugov version as governor "
                 "and actuator (upgrade both)"
             )
-        self.granted_lease_s = float(answer.get("lease_s", self.lease_s))
-        self.gpus = list(answer.get("gpus", []))
+        lease, gpus = answer.get("lease_s", self.lease_s), answer.get("gpus", [])
+        problem = (
+            ("lease_s", lease)
+            if isinstance(lease, bool)
+            or not isinstance(lease, int | float)
+            or not (math.isfinite(lease) and lease > 0)
+            else ("gpus", gpus)
+            if not isinstance(gpus, list)
+            else None
+        )
+        if problem is not None:
+            # Read as they came, such fields ended the write path in a ValueError or a
+            # TypeError: a traceback out of the loop's tick.
+            self._disconnect()
+            field, value = problem
+            raise ActuatorUnavailable(
+                f"actuator at {self.path}: its hello answer's {field} is "
+                f"{printable(repr(value))[:40]}, not the actuator protocol's (a positive "
+                "number of seconds, a list of GPUs): another program on the socket?"
+            )
+        self.granted_lease_s = float(lease)
+        self.gpus = list(gpus)
         self.epoch += 1
         if self.granted_lease_s < self.lease_s:
             log.warning(

@@ -24,8 +24,9 @@ class _OtherActuator:
     """A socket that answers every request as an actuator of protocol ``spoken`` would
     answer a hello; it keeps the requests it got."""
 
-    def __init__(self, path: Path, spoken: Any) -> None:
+    def __init__(self, path: Path, spoken: Any, **fields: Any) -> None:
         self.requests: list[dict[str, Any]] = []
+        self._fields = fields
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(str(path))
         self._listener.listen(4)
@@ -44,7 +45,7 @@ class _OtherActuator:
             with peer, peer.makefile("rwb") as stream:
                 for line in stream:
                     self.requests.append(json.loads(line))
-                    answer = {"ok": True, "lease_s": 5.0, "gpus": [{"gpu": "0"}]}
+                    answer = {"ok": True, "lease_s": 5.0, "gpus": [{"gpu": "0"}], **self._fields}
                     if self._spoken is not None:
                         answer["protocol"] = self._spoken
                     stream.write(json.dumps(answer).encode() + b"\n")
@@ -95,6 +96,42 @@ def test_an_actuator_of_this_protocol_is_written_to(socket_path: Path) -> None:
     try:
         client.request({"op": "held"})
         assert [r["op"] for r in other.requests] == ["hello", "held"]
+    finally:
+        client.close()
+        other.stop()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lease_s", "3"),
+        ("lease_s", None),
+        ("lease_s", -1),
+        ("lease_s", 0),
+        ("lease_s", float("inf")),
+        ("lease_s", float("nan")),
+        ("lease_s", True),
+        ("gpus", 5),
+        ("gpus", "0,1"),
+    ],
+)
+def test_a_hello_answer_that_is_not_the_protocols_is_one_line_not_a_traceback(
+    socket_path: Path, field: str, value: Any
+) -> None:
+    """A hello answered with a lease that is no positive number of seconds, or GPUs that
+    are no list (another program on the socket, a corrupted answer): the actuator is not
+    taken to answer, in one line, as for another protocol. Read as they came, they ended
+    the write path in a ValueError or TypeError (a traceback out of the loop's tick)."""
+    other = _OtherActuator(socket_path, PROTOCOL, **{field: value})
+    client = ActuatorClient(str(socket_path), timeout_s=2.0)
+    try:
+        with pytest.raises(ActuatorUnavailable) as raised:
+            client.request({"op": "held"})
+        line = str(raised.value)
+        assert line.startswith(f"actuator at {socket_path}: its hello answer's {field} is ")
+        assert "\n" not in line
+        assert [r["op"] for r in other.requests] == ["hello"]
+        assert client.check() == line
     finally:
         client.close()
         other.stop()
