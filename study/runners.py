@@ -383,12 +383,16 @@ def _one_line(error: BaseException) -> str:
     """``error`` as one line for the parent, its type named unless it is gpugov's own
     (whose message already says what failed): the parent raises it as a
     ``ControllerError``, and an outside controller's ``ValueError`` read as one. A
-    :class:`~daemon.cli_support.UsageError` (a refused ``--controller``) is gpugov's too."""
+    :class:`~daemon.cli_support.UsageError` (a refused ``--controller``) is gpugov's too,
+    and so is the plant's ``ControllerError`` (a controller that raised, named with the
+    time it did: read as ``ControllerError: ControllerError: ...``)."""
     from gpugov.daemon.cli_support import UsageError
     from gpugov.daemon.errors import GpugovError
+    from gpugov.plant.closed_loop import ControllerError as PlantControllerError
 
     message = one_line(error)
-    if isinstance(error, GpugovError | UsageError) or message == type(error).__name__:
+    own = GpugovError | UsageError | PlantControllerError
+    if isinstance(error, own) or message == type(error).__name__:
         return message
     return f"{type(error).__name__}: {message}"
 

@@ -33,6 +33,7 @@ from gpugov.daemon.cli_support import (
     slo_target_of,
 )
 from gpugov.daemon.decide import Forecasts, close_controller
+from gpugov.daemon.errors import ControllerError
 from gpugov.daemon.limits import MIN_PERIOD_S
 from gpugov.daemon.safety import SafetySettings
 from gpugov.daemon.simulated import ENGINE_VIEWS, observation_view
@@ -51,7 +52,8 @@ from gpugov.study.fleet.allocators import (
 from gpugov.study.fleet.node import FleetNode
 from gpugov.study.fleet.router import make_router
 from gpugov.study.fleet.workload import UTILIZATION_TOLERANCE, fleet_workload
-from gpugov.study.runners import CellDone, CellProgress, RunnerSpec, map_cells
+from gpugov.study.provenance import outside_specs
+from gpugov.study.runners import CellDone, CellProgress, RunnerSpec, map_cells, run_isolated
 from gpugov.study.scoreboard.scenarios import work_seconds_at_maximum
 
 DEFAULT_PROFILES = ("h100-sxm-llama3-8b", "h200-sxm-llama3-8b", "a100-sxm-80gb-llama3-8b")
@@ -277,7 +279,19 @@ def _attained(
 
 
 def run_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
-    """Simulate the fleet for one cell; its metrics and series (JSON-able)."""
+    """Simulate the fleet for one cell; its metrics and series (JSON-able). Another
+    package's controller runs the cell in a child process, as a sweep's cell does: one
+    that ends its process fails the run in one line, and what it changes in its module's
+    state is not there when the next cell starts (its figures would follow ``--jobs``,
+    ``--ray`` and the cells' order)."""
+    spec = shared["config"].controller
+    if outside_specs([spec]):
+        return run_isolated(lambda: _simulated_cell(cell, shared), f"controller {spec!r}")
+    return _simulated_cell(cell, shared)
+
+
+def _simulated_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`run_cell`'s simulation, in this process."""
     started = time.process_time()
     config: FleetConfig = shared["config"]
     workload: Sequence[Request] = shared["workload"]
@@ -637,16 +651,31 @@ def check_inputs(config: FleetConfig, *, quiet: bool = False) -> tuple[str, ...]
         except UsageError as error:
             raise UsageError(f"{error} (profile {name})") from error
     workload, info = fleet_workload(config, plants, quiet=quiet)
-    check = FleetNode(
-        "check",
-        first,
-        config.controller,
-        workload,
-        period_s=config.control_period_s,
-        floor_w=config.floor_fraction * first.power_limit_w,
-        slo_target=slo_target_of(config.slo_target),
-    )
-    close_controller(check.controller, f"--controller {config.controller!r}")
+
+    def build() -> None:
+        check = FleetNode(
+            "check",
+            first,
+            config.controller,
+            workload,
+            period_s=config.control_period_s,
+            floor_w=config.floor_fraction * first.power_limit_w,
+            slo_target=slo_target_of(config.slo_target),
+        )
+        close_controller(check.controller, f"--controller {config.controller!r}")
+
+    if outside_specs([config.controller]):
+        # Built in a child process, as its cells build it (run_cell): what its factory
+        # changes in its module's state is not there when they start.
+        try:
+            run_isolated(build, f"controller {config.controller!r}")
+        except ControllerError as error:  # the refusal the child met, or its end
+            message = str(error)
+            raise UsageError(
+                message if message.startswith("--controller") else f"--controller: {message}"
+            ) from error
+    else:
+        build()
     lines = (floor_warning(config, plants), load_warning(config, info))
     return tuple(line for line in lines if line is not None)
 

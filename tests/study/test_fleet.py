@@ -7,6 +7,7 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -1145,3 +1146,71 @@ def test_a_fleets_nodes_share_one_reading_of_the_workloads_forecasts(
     assert read.count(len(tiny["workload"])) == 1 + 6  # type: ignore[arg-type]
     once.pop("cpu_s"), each.pop("cpu_s")
     assert once == each
+
+
+COUNTING = """
+CALLS = [0]
+
+
+def make(context):
+    clocks = context.supported_clocks_mhz
+
+    def decide(observation):
+        CALLS[0] += 1  # module state: a node's decisions follow every call before it
+        return clocks[-1] if (CALLS[0] // 20) % 2 == 0 else clocks[len(clocks) // 3]
+
+    return decide
+"""
+
+
+def test_an_outside_controllers_cell_starts_from_the_same_module_state(
+    tiny: dict[str, object], module_on_path: Callable[[str, str], str]
+) -> None:
+    """Another package's controller runs each cell in a child process, as a sweep's cell
+    does: what a cell changes in its module's state is not there when the next starts, so
+    a cell's figures do not follow --jobs, --ray or the cells' order (a cell run after
+    another decided other clocks)."""
+    name = module_on_path("fleet_counting_governor", COUNTING)
+    config = tiny["config"]
+    assert isinstance(config, FleetConfig)
+    shared = {**tiny, "config": replace(config, controller=f"{name}:make")}
+    cell = Cell("uniform", 0.7, step=False)
+    alone = run_cell(cell, shared)
+    run_cell(Cell("slo", 0.8, step=False), shared)
+    again = run_cell(cell, shared)
+    assert again["energy_j"] == alone["energy_j"]
+    assert again["series"] == alone["series"]
+    assert sys.modules[name].CALLS == [0]
+
+
+RAISING = """
+def make(context):
+    top = max(context.supported_clocks_mhz)
+
+    def decide(observation):
+        if observation.time_s > 3.0:
+            raise ValueError("boom")
+        return top
+
+    return decide
+"""
+
+
+def test_an_outside_controller_that_raises_in_a_cell_is_one_line(
+    tmp_path: Path,
+    module_on_path: Callable[[str, str], str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The child's failure comes back as the line the controller's failure is in this
+    process: the controller, the node and the time, no class name before it."""
+    name = module_on_path("fleet_raising_governor", RAISING)
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
+    argv = ["fleet", "--trace", str(trace), "--trace-start", "0", "--duration", "6"]
+    argv += ["--drain", "1", "--nodes", "2", "--no-step", "--budgets", "0.7", "--quiet"]
+    argv += ["--allocators", "uniform", "--allocator-period", "5", "--jobs", "1"]
+    argv += ["--controller", f"{name}:make", "--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpugov: error: controller '{name}:make' on node node0 raised at t=4.000s (step 40): boom"
+    ]
