@@ -43,7 +43,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
     from_nvml,
 )
-from gpugov.daemon.limits import MAX_CLOCK_MHZ
+from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_GPU_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -159,11 +159,18 @@ def nvml_device_count(nvml: ModuleType | None = None) -> int:
     except nvml.NVMLError as error:
         raise from_nvml(error, "initialise NVML") from error
     try:
-        return int(nvml.nvmlDeviceGetCount())
+        count = int(nvml.nvmlDeviceGetCount())
     except nvml.NVMLError as error:
         raise from_nvml(error, "count GPUs") from error
     finally:
         release_nvml(nvml)
+    if not 0 <= count <= MAX_GPU_INDEX + 1:
+        # A driver's garbage (an unsigned -1): as indices, every GPU of `--gpus all`.
+        raise GpuUnavailable(
+            f"NVML counts {count} GPUs, which no node has (indices go 0 to {MAX_GPU_INDEX}): "
+            "a driver in trouble"
+        )
+    return count
 
 
 class NvmlBackend:

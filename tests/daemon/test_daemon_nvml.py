@@ -305,6 +305,18 @@ def test_two_mig_devices_of_one_gpu_in_two_domains_are_refused(
     assert fake.initialized == 0  # every GPU opened was closed again
 
 
+@pytest.mark.parametrize("count", [0xFFFFFFFF, 1025, -1])
+def test_a_gpu_count_no_node_has_is_no_usable_gpu(count: int) -> None:
+    """NVML counting more GPUs than NVML indices go (0 to 1023; an unsigned -1 from a
+    driver in trouble): every GPU of ``--gpus all`` (the actuator, reset-clocks) was that
+    many indices, a list of four billion built before the first GPU was opened."""
+    fake = FakeNvml(1)
+    fake.nvmlDeviceGetCount = lambda: count  # type: ignore[method-assign]
+    with pytest.raises(GpuUnavailable, match=rf"NVML counts {count} GPUs, which no node has"):
+        nvml_device_count(fake)  # type: ignore[arg-type]
+    assert fake.initialized == 0
+
+
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
     # nvmlShutdown's own NVMLError, on the way out, replaced the daemon's error: `gpugov
     # run` ended in a traceback instead of exit 5 naming the lost GPU.
