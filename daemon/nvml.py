@@ -203,13 +203,12 @@ class NvmlBackend:
         try:
             if isinstance(gpu, str) and gpu.startswith(("GPU-", "MIG-")):
                 self._handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu)
-                if gpu.startswith("MIG-"):
+                parent = getattr(self._nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", None)
+                if gpu.startswith("MIG-") and parent is not None:
                     # A MIG device's clocks, power and temperature are its GPU's: a lock
                     # acts on the whole GPU, and NVML answers a MIG handle's device calls
                     # NOT_SUPPORTED. The GPU (its handle, index and UUID) is governed.
-                    self._handle = self._nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
-                        self._handle
-                    )
+                    self._handle = parent(self._handle)
                 self._index = int(self._nvml.nvmlDeviceGetIndex(self._handle))
             else:
                 self._index = int(gpu)
