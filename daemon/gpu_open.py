@@ -321,6 +321,11 @@ def check_opened_once(
     uuid = str(uuid)
     if uuid in opened:
         first_domain, first_named = opened[uuid]
+        if first_domain == domain:  # "which domain 'a' names ..., one domain" said nothing
+            raise ConfigError(
+                f"domain {domain!r}: GPU {named} is {uuid}, which it names as GPU "
+                f"{first_named} too; name each GPU once"
+            )
         raise ConfigError(
             f"domain {domain!r}: GPU {named} is {uuid}, which domain "
             f"{first_domain!r} names as GPU {first_named}; a GPU belongs to one domain"

@@ -317,6 +317,27 @@ def test_a_gpu_count_no_node_has_is_no_usable_gpu(count: int) -> None:
     assert fake.initialized == 0
 
 
+def test_one_gpu_named_twice_in_one_domain_is_said_so(metrics_server: MetricsServer) -> None:
+    """Its index and UUID, or two MIG devices of it, in one domain's gpus: the line said
+    the GPU belongs to one domain, naming the same domain twice."""
+    engine = {"kind": "vllm", "url": metrics_server.url, "timeout_s": 0.9}
+    for gpus, line in [
+        ([0, "GPU-fake-0000"], "GPU GPU-fake-0000 is GPU-fake-0000, which it names as GPU 0"),
+        (["MIG-a1", "MIG-b1"], "GPU MIG-b1 is GPU-fake-0001, which it names as GPU MIG-a1"),
+    ]:
+        config = parse_config(
+            {
+                "daemon": {"period_s": 1.0},
+                "domains": [
+                    {"name": "a", "gpus": gpus, "engine": engine, "controller": {"kind": "max"}}
+                ],
+            }
+        )
+        with pytest.raises(ConfigError) as refused:
+            domains_from_config(config, nvml=_mig_node())
+        assert str(refused.value) == f"domain 'a': {line} too; name each GPU once"
+
+
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
     # nvmlShutdown's own NVMLError, on the way out, replaced the daemon's error: `gpugov
     # run` ended in a traceback instead of exit 5 naming the lost GPU.
