@@ -357,6 +357,12 @@ class NvmlBackend:
             errors.append(name)
             log.debug("GPU %s: %s failed: %s", self._label, name, error)
             return None
+        except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as error:
+            # A value the binding gave that is no reading (no number, an empty field list):
+            # a failed read of that field, where it ended the loop in a traceback.
+            errors.append(name)
+            log.debug("GPU %s: %s read no number: %r", self._label, name, error)
+            return None
         if self._dropped.pop(name, None) is not None:
             log.info("GPU %s: %s reads again", self._label, name)
         return value
@@ -386,6 +392,8 @@ class NvmlBackend:
                 break
             except TransientGpuError as error:  # as a field answered with such a code
                 log.debug("GPU %s: power field failed for now: %s", self._label, error)
+                break
+            if not values:  # no value for the field asked (garbage): as a passing failure
                 break
             code = int(values[0].nvmlReturn)
             if code == _const(nvml, "NVML_SUCCESS", 0):
@@ -487,40 +495,51 @@ class NvmlBackend:
         clock = self._read(
             "sm_clock",
             errors,
-            lambda: self._call(
-                "read SM clock",
-                nvml.nvmlDeviceGetClockInfo,
-                self._handle,
-                _const(nvml, "NVML_CLOCK_SM", 1),
-            ),
-        )
-        rates = self._read(
-            "utilization",
-            errors,
-            lambda: self._call(
-                "read utilisation", nvml.nvmlDeviceGetUtilizationRates, self._handle
-            ),
-        )
-        reasons = self._read("clock_event_reasons", errors, self._event_reasons)
-        limit_mw = self._read(
-            "power_limit",
-            errors,
-            lambda: self._call(
-                "read power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle
+            lambda: float(
+                self._call(
+                    "read SM clock",
+                    nvml.nvmlDeviceGetClockInfo,
+                    self._handle,
+                    _const(nvml, "NVML_CLOCK_SM", 1),
+                )
             ),
         )
         # Not clamped: a percentage past 100 (a driver's garbage) is GpuSample.read's
         # failed read, where clamped it was a GPU busy all the time.
-        utilization = None if rates is None else float(rates.gpu) / 100.0
+        utilization = self._read(
+            "utilization",
+            errors,
+            lambda: (
+                float(
+                    self._call(
+                        "read utilisation", nvml.nvmlDeviceGetUtilizationRates, self._handle
+                    ).gpu
+                )
+                / 100.0
+            ),
+        )
+        reasons = self._read("clock_event_reasons", errors, self._event_reasons)
+        limit_w = self._read(
+            "power_limit",
+            errors,
+            lambda: (
+                float(
+                    self._call(
+                        "read power limit", nvml.nvmlDeviceGetEnforcedPowerLimit, self._handle
+                    )
+                )
+                / 1000.0
+            ),
+        )
         return GpuSample.read(
             self._label,
             power_w=power_w,
             energy_j=energy_j,
             temperature_c=temperature,
-            sm_clock_mhz=None if clock is None else float(clock),
+            sm_clock_mhz=clock,
             utilization=utilization,
             clock_event_reasons=reasons,
-            power_limit_w=None if limit_mw is None else float(limit_mw) / 1000.0,
+            power_limit_w=limit_w,
             read_errors=tuple(errors),
         )
 

@@ -491,6 +491,38 @@ def test_temperature_not_supported_for_now_keeps_the_versioned_call(code: int) -
     assert "nvmlDeviceGetTemperature" not in fake.calls
 
 
+@pytest.mark.parametrize(
+    ("function", "value", "read"),
+    [
+        ("nvmlDeviceGetTotalEnergyConsumption", None, "energy"),
+        ("nvmlDeviceGetTemperatureV", "hot", "temperature"),
+        ("nvmlDeviceGetClockInfo", 10**400, "sm_clock"),
+        ("nvmlDeviceGetUtilizationRates", None, "utilization"),
+        ("nvmlDeviceGetCurrentClocksEventReasons", "0x4", "clock_event_reasons"),
+        ("nvmlDeviceGetEnforcedPowerLimit", object(), "power_limit"),
+    ],
+)
+def test_a_reading_that_is_no_number_is_a_failed_read_of_that_field(
+    function: str, value: object, read: str
+) -> None:
+    """A value the binding gives that is no reading (None, text, an integer past any
+    float, an empty field list): a failed read of that field, the rest of the sample
+    read. It raised out of the sample (TypeError, ValueError, OverflowError, IndexError)
+    and ended the loop in a traceback."""
+    fake = FakeNvml(1)
+    setattr(fake, function, lambda *args: value)
+    sample = NvmlBackend(0, nvml=fake).sample()
+    assert sample.read_errors == (read,)
+    assert sample.sm_clock_mhz == (None if read == "sm_clock" else 1980.0)
+
+
+def test_a_power_field_call_that_answers_no_field_falls_back_to_the_average_getter() -> None:
+    fake = FakeNvml(1)
+    fake.nvmlDeviceGetFieldValues = lambda *args: []  # type: ignore[method-assign]
+    sample = NvmlBackend(0, nvml=fake).sample()
+    assert sample.power_w == pytest.approx(340.0) and sample.read_errors == ()
+
+
 def test_transient_read_error_is_counted_and_survived() -> None:
     fake = FakeNvml(1)
     backend = NvmlBackend(0, nvml=fake)
