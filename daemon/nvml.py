@@ -581,14 +581,19 @@ class NvmlBackend:
         Raises:
             GpuError: as NVML reports (a TransientGpuError for one that may pass).
         """
-        return int(
-            self._call(
-                "read max SM clock",
-                self._nvml.nvmlDeviceGetMaxClockInfo,
-                self._handle,
-                _const(self._nvml, "NVML_CLOCK_SM", 1),
-            )
+        value = self._call(
+            "read max SM clock",
+            self._nvml.nvmlDeviceGetMaxClockInfo,
+            self._handle,
+            _const(self._nvml, "NVML_CLOCK_SM", 1),
         )
+        try:
+            clock = int(value)
+        except (TypeError, ValueError, OverflowError):
+            clock = -1
+        if not 0 <= clock < 2**32:  # no unsigned int NVML gives: unreadable, as a failed call
+            raise GpuError(f"GPU {self._label}: max SM clock read {value!r}", gpu=self._label)
+        return clock
 
     def slowdown_temperature_c(self) -> float | None:
         """The die temperature at which the GPU slows its clocks itself
@@ -646,7 +651,8 @@ class NvmlBackend:
         (``nvmlDeviceGetPowerManagementLimit``).
 
         Raises:
-            NotSupported, GpuLost, TransientGpuError, GpuError: as NVML reports.
+            NotSupported, GpuLost, TransientGpuError, GpuError: as NVML reports (a value
+                that is no number: TransientGpuError).
             GpuUnavailable: the backend is closed.
         """
         milliwatts = self._call(
@@ -654,7 +660,13 @@ class NvmlBackend:
             self._nvml.nvmlDeviceGetPowerManagementLimit,
             self._handle,
         )
-        return float(milliwatts) / 1000.0
+        try:
+            return float(milliwatts) / 1000.0
+        except (TypeError, ValueError, OverflowError):  # read again, as a failed read is
+            raise TransientGpuError(
+                f"GPU {self._label}: power management limit read {milliwatts!r}, no number",
+                gpu=self._label,
+            ) from None
 
     def set_power_limit(self, limit_w: float) -> None:
         """Set the power management limit to ``limit_w`` watts, rounded to whole milliwatts

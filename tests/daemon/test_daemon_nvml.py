@@ -516,6 +516,21 @@ def test_a_reading_that_is_no_number_is_a_failed_read_of_that_field(
     assert sample.sm_clock_mhz == (None if read == "sm_clock" else 1980.0)
 
 
+@pytest.mark.parametrize("value", [None, "fast", 10**400])
+def test_a_max_clock_or_power_limit_that_is_no_number_is_unreadable(value: object) -> None:
+    """As a sample's readings: a max clock the binding gives as no number is unreadable
+    (the listed clocks kept), a power management limit one a read that failed for now;
+    each raised a TypeError, ValueError or OverflowError out of the start or the cap."""
+    fake = FakeNvml([fp.FakeGpu(index=0, max_clock_mhz=1755)])
+    fake.nvmlDeviceGetMaxClockInfo = lambda *args: value  # type: ignore[method-assign]
+    fake.nvmlDeviceGetPowerManagementLimit = lambda *args: value  # type: ignore[method-assign]
+    backend = NvmlBackend(0, nvml=fake)
+    assert backend.supported_clocks_mhz() == tuple(range(345, 1981, 15))
+    assert backend.max_clock_mhz() is None
+    with pytest.raises(TransientGpuError, match="power management limit read"):
+        backend.power_limit_w()
+
+
 def test_a_power_field_call_that_answers_no_field_falls_back_to_the_average_getter() -> None:
     fake = FakeNvml(1)
     fake.nvmlDeviceGetFieldValues = lambda *args: []  # type: ignore[method-assign]
