@@ -42,6 +42,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
     from_nvml,
+    printable,
 )
 from gpugov.daemon.limits import MAX_CLOCK_MHZ, MAX_GPU_INDEX
 
@@ -159,16 +160,20 @@ def nvml_device_count(nvml: ModuleType | None = None) -> int:
     except nvml.NVMLError as error:
         raise from_nvml(error, "initialise NVML") from error
     try:
-        count = int(nvml.nvmlDeviceGetCount())
+        counted = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as error:
         raise from_nvml(error, "count GPUs") from error
     finally:
         release_nvml(nvml)
+    try:
+        count = int(counted)
+    except (TypeError, ValueError, OverflowError):  # no number: no count a node has
+        count = -1
     if not 0 <= count <= MAX_GPU_INDEX + 1:
         # A driver's garbage (an unsigned -1): as indices, every GPU of `--gpus all`.
         raise GpuUnavailable(
-            f"NVML counts {count} GPUs, which no node has (indices go 0 to {MAX_GPU_INDEX}): "
-            "a driver in trouble"
+            f"NVML counts {printable(repr(counted))[:40]} GPUs, which no node has (indices go "
+            f"0 to {MAX_GPU_INDEX}): a driver in trouble"
         )
     return count
 
@@ -228,6 +233,12 @@ class NvmlBackend:
                     code=translated.code,
                 )
             raise translated from error
+        except (TypeError, ValueError, OverflowError) as error:  # an index that is no number
+            release_nvml(self._nvml, str(gpu))
+            raise GpuUnavailable(
+                f"GPU {gpu}: no such GPU or it cannot be opened (NVML gave no index: {error})",
+                gpu=str(gpu),
+            ) from None
         self._label = str(self._index)
         self._supported: tuple[int, ...] | None = None
         self._bounds_warned = False

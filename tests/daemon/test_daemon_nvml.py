@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -305,14 +306,15 @@ def test_two_mig_devices_of_one_gpu_in_two_domains_are_refused(
     assert fake.initialized == 0  # every GPU opened was closed again
 
 
-@pytest.mark.parametrize("count", [0xFFFFFFFF, 1025, -1])
-def test_a_gpu_count_no_node_has_is_no_usable_gpu(count: int) -> None:
+@pytest.mark.parametrize("count", [0xFFFFFFFF, 1025, -1, None, "two"])
+def test_a_gpu_count_no_node_has_is_no_usable_gpu(count: object) -> None:
     """NVML counting more GPUs than NVML indices go (0 to 1023; an unsigned -1 from a
     driver in trouble): every GPU of ``--gpus all`` (the actuator, reset-clocks) was that
     many indices, a list of four billion built before the first GPU was opened."""
     fake = FakeNvml(1)
     fake.nvmlDeviceGetCount = lambda: count  # type: ignore[method-assign]
-    with pytest.raises(GpuUnavailable, match=rf"NVML counts {count} GPUs, which no node has"):
+    said = re.escape(repr(count))
+    with pytest.raises(GpuUnavailable, match=rf"NVML counts {said} GPUs, which no node has"):
         nvml_device_count(fake)  # type: ignore[arg-type]
     assert fake.initialized == 0
 
@@ -336,6 +338,14 @@ def test_one_gpu_named_twice_in_one_domain_is_said_so(metrics_server: MetricsSer
         with pytest.raises(ConfigError) as refused:
             domains_from_config(config, nvml=_mig_node())
         assert str(refused.value) == f"domain 'a': {line} too; name each GPU once"
+
+
+def test_a_gpu_index_that_is_no_number_is_a_gpu_that_cannot_be_opened() -> None:
+    fake = FakeNvml(1)
+    fake.nvmlDeviceGetIndex = lambda handle: None  # type: ignore[method-assign]
+    with pytest.raises(GpuUnavailable, match="GPU GPU-fake-0000: no such GPU or it cannot be"):
+        NvmlBackend("GPU-fake-0000", nvml=fake)
+    assert fake.initialized == 0
 
 
 def test_a_failed_open_or_count_whose_shutdown_fails_too_raises_the_daemons_error() -> None:
