@@ -214,14 +214,14 @@ class ControllerContext:
         of them: a pool of data-parallel engines is one domain on a node), the SLOs its
         profile states (as a simulated node's config states them), forecasts declared
         from the workload, the plant itself for an ``mpc``; virtual time by default."""
-        from gpugov.daemon.profile_identity import profile_gpu_uuids
+        from gpugov.daemon.profile_identity import profile_gpu_name, profile_gpu_uuids
 
         profile = plant.profile
         gpus = plant.tensor_parallel * max(1, replicas)
         values: dict[str, Any] = {
             "period_s": period_s,
             "supported_clocks_mhz": tuple(float(c) for c in profile.clock_mhz),
-            "gpu_names": (str(profile.manifest.get("gpu") or ""),) * gpus,
+            "gpu_names": (profile_gpu_name(profile) or "",) * gpus,
             "gpu_uuids": profile_gpu_uuids(profile, gpus),
             "gpu_count": gpus,
             "ttft_slo_s": profile.ttft_slo_s,

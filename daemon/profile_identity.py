@@ -23,6 +23,26 @@ changes every emulated and simulated UUID, and a governor's stored model would n
 be restored."""
 
 
+NVML_NAME_MAX_CHARS = 95
+"""NVML's device name buffer holds 96 bytes with the terminating NUL."""
+
+
+def profile_gpu_name(profile: PerformanceProfile) -> str | None:
+    """The NVML name of a GPU of ``profile`` (an emulated node's and a simulated node's,
+    and a simulated context's): the GPU its manifest states (``gpu``, else ``gpu_kind``),
+    on one line and ``NVIDIA``-prefixed as NVML names a board, so ``mpc-online``'s
+    GPU-family hint reads it as it reads the real board's name; None when it states
+    none."""
+    for key in ("gpu", "gpu_kind"):
+        value = profile.manifest.get(key)
+        if isinstance(value, str) and value.strip():
+            text = " ".join(value.split())
+            if not text.upper().startswith("NVIDIA "):
+                text = f"NVIDIA {text}"
+            return text[:NVML_NAME_MAX_CHARS]
+    return None
+
+
 def profile_digest(profile: PerformanceProfile) -> str:
     """What identifies ``profile``'s content: the sha256s of its manifest and CSV files
     when it was loaded from them, else a sha256 of its manifest and tables."""
@@ -62,4 +82,11 @@ def _gpu_uuid(name: str, digest: str, gpu: int) -> str:
     return f"GPU-{uuid.uuid5(GPU_UUID_NAMESPACE, key)}"
 
 
-__all__ = ["GPU_UUID_NAMESPACE", "profile_digest", "profile_gpu_uuid", "profile_gpu_uuids"]
+__all__ = [
+    "GPU_UUID_NAMESPACE",
+    "NVML_NAME_MAX_CHARS",
+    "profile_digest",
+    "profile_gpu_name",
+    "profile_gpu_uuid",
+    "profile_gpu_uuids",
+]

@@ -19,7 +19,7 @@ from gpugov.daemon.backend import GpuSample
 from gpugov.daemon.engines import EngineSample
 from gpugov.daemon.errors import NVML_ERROR_INVALID_ARGUMENT, GpuError, GpuUnavailable
 from gpugov.daemon.observer import DEFAULT_TAIL_QUANTILE, DomainObserver
-from gpugov.daemon.profile_identity import profile_gpu_uuid
+from gpugov.daemon.profile_identity import profile_gpu_name, profile_gpu_uuid
 from gpugov.daemon.vllm_view import VllmCounters
 from gpugov.plant import PlantSimulation
 from gpugov.plant.closed_loop import ObservationView
@@ -123,10 +123,10 @@ class SimulatedBackend:
 
     @property
     def name(self) -> str | None:
-        """The GPU's name as NVML would give it: the plant's profile's ``gpu`` (None when
-        the profile states none), so ``mpc-online`` hints from it as on a node."""
-        value = self._node.simulation.plant.profile.manifest.get("gpu")
-        return str(value) if value else None
+        """The GPU's name as NVML would give it, as an emulated GPU of the plant's profile
+        is named (:func:`~daemon.profile_identity.profile_gpu_name`; None when the
+        profile states none), so ``mpc-online`` hints from it as on a node."""
+        return profile_gpu_name(self._node.simulation.plant.profile)
 
     def _check_open(self) -> None:
         """Refuse any call on a closed backend."""

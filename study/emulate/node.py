@@ -53,7 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from gpugov.daemon.profile_identity import profile_gpu_uuid, profile_gpu_uuids
+from gpugov.daemon.profile_identity import (
+    profile_gpu_name,
+    profile_gpu_uuid,
+    profile_gpu_uuids,
+)
 from gpugov.daemon.vllm_view import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
@@ -97,23 +101,11 @@ MAX_ENERGY_RECORDS = 100_000
 
 UNNAMED_GPU = "Emulated GPU"
 """The name of an emulated GPU whose profile states no GPU (no family: no GPU hint)."""
-NVML_NAME_MAX_CHARS = 95
-"""NVML's device name buffer holds 96 bytes with the terminating NUL."""
-
-
 def emulated_gpu_name(profile: PerformanceProfile) -> str:
-    """The NVML name of an emulated GPU of ``profile``: the GPU its manifest states
-    (``gpu``, else ``gpu_kind``), ``NVIDIA``-prefixed as NVML names a board, so the
-    governor's GPU-family hint reads it as it reads the real board's name;
+    """The NVML name of an emulated GPU of ``profile``
+    (:func:`~daemon.profile_identity.profile_gpu_name`, as a simulated node names it);
     :data:`UNNAMED_GPU` when the profile states none."""
-    for key in ("gpu", "gpu_kind"):
-        value = profile.manifest.get(key)
-        if isinstance(value, str) and value.strip():
-            text = " ".join(value.split())
-            if not text.upper().startswith("NVIDIA "):
-                text = f"NVIDIA {text}"
-            return text[:NVML_NAME_MAX_CHARS]
-    return UNNAMED_GPU
+    return profile_gpu_name(profile) or UNNAMED_GPU
 
 
 def tp_multiple_message(gpus: int, tensor_parallel: int, profile_name: str) -> str:

@@ -249,3 +249,33 @@ def test_the_identity_is_asked_again_only_after_the_emulator_dropped_a_connectio
     finally:
         backend.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "stated",
+    [{"gpu": " ", "gpu_kind": "L40S"}, {"gpu": "H100  SXM5 80GB"}, {"gpu": "NVIDIA L4 24GB"}],
+)
+def test_a_simulated_node_names_its_gpus_as_the_emulated_node_does(
+    stated: dict[str, str],
+) -> None:
+    """One name for a profile's GPU: what ``mpc-online``'s GPU-family hint reads in
+    ``simulate`` (its context) and ``run --simulate`` (the simulated GPU) is the emulated
+    GPU's NVML name (a profile stating only its ``gpu_kind`` gave the emulated node a hint
+    and the simulated runs none, so their controllers started from other priors)."""
+    from gpugov.daemon.controller_spec import parse_controller_spec
+    from gpugov.daemon.decide import ControllerContext
+    from gpugov.daemon.loop import VirtualClock
+    from gpugov.daemon.service import simulated_run
+    from gpugov.plant import Request
+
+    profile = make_profile(**stated)
+    plant = ServingPlant.from_profile(profile)
+    workload = (Request(0, 0.0, 100, 10),)
+    name = emulated_gpu_name(profile)
+    context = ControllerContext.for_plant(plant, workload, period_s=1.0)
+    assert context.gpu_names == (name,)
+    run = simulated_run(workload, plant, parse_controller_spec("max"), VirtualClock())
+    try:
+        assert [backend.name for backend in run.domain.observer.gpus.backends] == [name]
+    finally:
+        run.finish()
