@@ -57,6 +57,8 @@ POWER_SCOPE_MODULE = 1
 # Per-field return codes that will not change on the next call: INVALID_ARGUMENT,
 # NOT_SUPPORTED, FUNCTION_NOT_FOUND.
 _PERMANENT_FIELD_CODES = frozenset({2, 3, 13})
+SLOWDOWN_READ_ATTEMPTS = 3
+"""Reads of the slowdown temperature, read once at the start, while they fail for now."""
 UNSUPPORTED_READ_RETRY_S = 60.0
 """A read NVML said it does not support is tried again after this long: dropped for good,
 one spurious NOT_SUPPORTED (a driver in trouble, MIG mode switched off again) left the SM
@@ -609,16 +611,27 @@ class NvmlBackend:
     def slowdown_temperature_c(self) -> float | None:
         """The die temperature at which the GPU slows its clocks itself
         (``nvmlDeviceGetTemperatureThreshold``, ``NVML_TEMPERATURE_THRESHOLD_SLOWDOWN``),
-        or None where it cannot be read or is no temperature a GPU slows at."""
+        or None where it cannot be read (a read failing for now, up to
+        :data:`SLOWDOWN_READ_ATTEMPTS` times) or is no temperature a GPU slows at."""
         read = getattr(self._nvml, "nvmlDeviceGetTemperatureThreshold", None)
         if read is None:
             return None
         threshold = _const(self._nvml, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
-        try:
-            value = float(self._call("read slowdown temperature", read, self._handle, threshold))
-        except (GpuError, TypeError, ValueError, OverflowError):
-            return None
-        return value if 0.0 < value <= GPU_TEMPERATURE_RANGE_C[1] else None
+        for attempt in range(SLOWDOWN_READ_ATTEMPTS):
+            try:
+                value = float(
+                    self._call("read slowdown temperature", read, self._handle, threshold)
+                )
+            except TransientGpuError:
+                # Read once, at the start: a failure for now left the configured thermal
+                # limit above it for the whole run.
+                if attempt + 1 < SLOWDOWN_READ_ATTEMPTS:
+                    continue
+                return None
+            except (GpuError, TypeError, ValueError, OverflowError):
+                return None
+            return value if 0.0 < value <= GPU_TEMPERATURE_RANGE_C[1] else None
+        return None  # pragma: no cover - the loop returns
 
     def power_limit_constraints_w(self) -> tuple[float, float] | None:
         """The (lowest, highest) power limit the GPU accepts, in watts

@@ -23,8 +23,17 @@ def test_nvml_reads_the_slowdown_temperature_and_takes_a_failure_as_unknown() ->
     assert [gpu.slowdown_temperature_c() for gpu in gpus] == [87.0, 84.0]
     gpu_lib.gpus[1].slowdown_temperature_c = None  # NOT_SUPPORTED
     assert gpus[1].slowdown_temperature_c() is None
-    gpu_lib.fail("nvmlDeviceGetTemperatureThreshold", NVML_ERROR_UNKNOWN)
+    gpu_lib.fail("nvmlDeviceGetTemperatureThreshold", NVML_ERROR_UNKNOWN, times=None)
     assert gpus[0].slowdown_temperature_c() is None
+
+
+def test_a_slowdown_temperature_read_failing_for_now_is_read_again() -> None:
+    """Read once, at the start: one read failing for now (UNKNOWN, TIMEOUT) left the
+    configured thermal limit above the GPU's slowdown temperature for the whole run."""
+    gpu_lib = FakeNvml(1)
+    gpu_lib.fail("nvmlDeviceGetTemperatureThreshold", NVML_ERROR_UNKNOWN, times=2)
+    held, line = held_thermal_limit("llm", 95.0, [NvmlBackend(0, nvml=gpu_lib)], 2.0)
+    assert (held, line is not None) == (87.0, True)
 
 
 @pytest.mark.parametrize(
