@@ -196,6 +196,11 @@ class MPCController:
             TTFT term, and the plan went by power alone, to a lower clock that misses more
             (an overload, or a TTFT SLO no clock meets). Needs a ``ttft_excess_cap``;
             False (the seed's): off.
+        hold_top_when_place_lost: the same hold, only where the new request's wait for a
+            batch place alone leaves it past the cap at the top clock
+            (:meth:`MPCProblem.place_lost_at_top`: a full batch or KV cache, which a lower
+            clock frees later); a prompt priced past the cap by its size alone (a burst
+            hedge) does not hold. False: off.
         kv_batch_bound: the batch places a new request waits for are bounded by the
             plant's KV cache too (:attr:`MPCProblem.batch_places`: the requests of the
             mean prompt and reply it holds), not by its batch size alone: on an engine
@@ -241,6 +246,7 @@ class MPCController:
         terminal_queued_replies: bool = False,
         efficiency_floor: bool = False,
         hold_top_when_ttft_lost: bool = False,
+        hold_top_when_place_lost: bool = False,
         kv_batch_bound: bool = False,
     ) -> None:
         for name, value in (
@@ -321,6 +327,7 @@ class MPCController:
         self.terminal_queued_replies = bool(terminal_queued_replies)
         self.efficiency_floor = bool(efficiency_floor)
         self.hold_top_when_ttft_lost = bool(hold_top_when_ttft_lost)
+        self.hold_top_when_place_lost = bool(hold_top_when_place_lost)
         self.kv_batch_bound = bool(kv_batch_bound)
         self.ttft_lost_holds = 0
         """Decisions that held the top clock, the TTFT lost there
@@ -585,7 +592,9 @@ class MPCController:
             bounds = [(0.0, 1.0)] * problem.horizon_steps
         start = self.timer()
         try:
-            if self.hold_top_when_ttft_lost and problem.ttft_lost_at_top():
+            if (self.hold_top_when_ttft_lost and problem.ttft_lost_at_top()) or (
+                self.hold_top_when_place_lost and problem.place_lost_at_top()
+            ):
                 # Fail towards performance: no clock keeps this period's request within
                 # the capped penalty, and the top clock serves it and the queue soonest.
                 self.ttft_lost_holds += 1

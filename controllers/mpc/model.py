@@ -469,6 +469,25 @@ class MPCProblem:
         random = np.maximum(tail, 0.0) / (places * (1.0 - load)) * residence
         return np.maximum(in_sight, random)
 
+    def place_lost_at_top(self) -> bool:
+        """Whether the first period's new request waits for a batch place
+        (:meth:`place_wait_s`, from the requests in hand and the period's arrivals) past
+        the capped TTFT penalty even at the top clock: the engine's places, not a prompt's
+        prefill, are what it lacks, and a lower clock only frees them later. False without
+        a cap."""
+        cap = self.ttft_excess_cap_s
+        if not math.isfinite(cap):
+            return False
+        profile = self.plant.profile
+        wait = self.place_wait_s(
+            np.array([max(0.0, self.initial_prefill_tokens)]),
+            np.array([max(0.0, self.initial_active_decode)]),
+            profile.decode_tokens_per_s[-1:],
+            profile.prefill_tokens_per_s[-1:],
+            float(self.prompt_arrivals[0]) if self.prompt_arrivals.size else 0.0,
+        )
+        return bool(wait[0] >= self.ttft_target_s + cap)
+
     def ttft_lost_at_top(self) -> bool:
         """Whether the top clock leaves the first period's new request at the capped TTFT
         penalty (:attr:`ttft_excess_cap_s` past the target): every clock then leaves it

@@ -431,6 +431,7 @@ class OnlineMPCController(MeasuredLatencyRules):
                 # not hold the clock for one ahead (docs/online.md).
                 "tail_yields_to_budget": self.burst_guard,
                 "ttft_excess_cap": 1.0,
+                "hold_top_when_place_lost": True,
                 **self.mpc_options,
             }
             if self.ttft_prompt_tokens is not None:

@@ -264,3 +264,29 @@ def test_kernel_costs_equal_problem_costs_on_odd_shapes(shape: str) -> None:
             assert first_ttft_excess_s(problem, level) == pytest.approx(
                 scale * np.sqrt(term), rel=1e-9, abs=1e-15
             )
+
+
+def test_a_wait_for_a_place_past_the_cap_at_the_top_clock_holds_the_top_clock() -> None:
+    """A cache of about 25 requests with 50 in hand: the next request waits for 26 to
+    finish, past the capped penalty at every clock, and the plan went by power alone (825
+    MHz); with ``hold_top_when_place_lost`` the decision is the top clock, which frees the
+    places soonest. Few in hand, no cap, or a prompt lost by its own size alone (the 30 ms
+    SLO's declared tail) do not hold."""
+    plant = ServingPlant.from_profile(_small_cache())
+    place = {"hold_top_when_ttft_lost": False, "hold_top_when_place_lost": True}
+    full = _observation(decode_active=50, generated=2_500.0)
+    controller = _controller(plant, **place)
+    assert controller.problem(full, 2.0).place_lost_at_top()
+    assert controller(full) == plant.profile.maximum_clock_mhz
+    assert controller.ttft_lost_holds == 1
+    free = _controller(plant, hold_top_when_ttft_lost=False)
+    assert free(full) < plant.profile.maximum_clock_mhz
+    few = _observation(decode_active=5, generated=300.0)
+    assert not controller.problem(few, 2.0).place_lost_at_top()
+    uncapped = _controller(plant, ttft_excess_cap=None, **place)
+    assert not uncapped.problem(full, 2.0).place_lost_at_top()
+    lost = ServingPlant.from_profile(_lost_ttft())
+    tail = _controller(lost, ttft_prompt_tokens=3_000.0, **place)
+    queued = _observation(prefill_tokens=3_000.0, decode_active=8, generated=400.0)
+    problem = tail.problem(queued, 2.0)
+    assert problem.ttft_lost_at_top() and not problem.place_lost_at_top()
