@@ -370,6 +370,13 @@ NO_DRIVER_HINT = (
 without a GPU (a workstation, CI), instead of a bare "NVML Shared Library Not Found"."""
 
 
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+FREQ_REFUSED_HINT = (
+    "the driver refuses that SM clock (FREQ_NOT_SUPPORTED), though the GPU lists it "
+    "(nvmlDeviceGetSupportedGraphicsClocks)"
+)
+"""Appended to a clock lock NVML refuses as a frequency it does not support: the GPU locks
+clocks (the hint that it cannot lock any sent the operator to a dry run), not that one."""
 CANNOT_LOCK_HINT = (
     "this GPU or its driver does not lock SM clocks (nvmlDeviceSetGpuLockedClocks needs a "
     "Volta or newer GPU, and some boards and virtual GPUs refuse it): gpugov cannot govern "
@@ -406,5 +413,7 @@ def from_nvml(error: Any, action: str, *, gpu: str | None = None) -> GpuError:
         if code in NO_DRIVER_CODES:
             message = f"{message}: {NO_DRIVER_HINT}"
         elif kind is NotSupported and action.startswith("lock clocks"):
-            message = f"{message}: {CANNOT_LOCK_HINT}"
+            # FREQ_NOT_SUPPORTED refuses that clock, not every lock.
+            hint = FREQ_REFUSED_HINT if code == NVML_ERROR_FREQ_NOT_SUPPORTED else CANNOT_LOCK_HINT
+            message = f"{message}: {hint}"
     return kind(message, gpu=gpu, code=code)

@@ -58,6 +58,22 @@ def test_error_table(code: int, kind: type[GpuError]) -> None:
     assert translated.gpu == "0"
 
 
+def test_a_lock_refused_as_a_frequency_not_supported_is_not_said_as_no_lock_at_all() -> None:
+    """FREQ_NOT_SUPPORTED (24) refuses that clock: the line said the GPU or its driver
+    does not lock SM clocks at all, and sent the operator to a dry run."""
+    translated = from_nvml(
+        fp.NVMLError(fp.NVML_ERROR_FREQ_NOT_SUPPORTED), "lock clocks to 1200,1200 MHz", gpu="0"
+    )
+    assert isinstance(translated, NotSupported)
+    assert str(translated).endswith(
+        "(NVML code 24): the driver refuses that SM clock (FREQ_NOT_SUPPORTED), though the "
+        "GPU lists it (nvmlDeviceGetSupportedGraphicsClocks)"
+    )
+    assert "does not lock SM clocks" in str(
+        from_nvml(fp.NVMLError(fp.NVML_ERROR_NOT_SUPPORTED), "lock clocks to 1,1 MHz")
+    )
+
+
 def test_permission_message_is_the_one_clear_line() -> None:
     translated = from_nvml(fp.NVMLError(fp.NVML_ERROR_NO_PERMISSION), "lock clocks")
     assert PERMISSION_DENIED_MESSAGE in str(translated)
