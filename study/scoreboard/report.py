@@ -184,6 +184,44 @@ def _trace(info: dict[str, Any]) -> str:
     return trace if start is None else f"{trace} @{start:g} s"
 
 
+def _periods_line(payload: dict[str, Any]) -> str:
+    """The control periods the rows decided at (each row's own where the board recorded
+    it: the fast MPC, ``mpc-online``, the peers and outside rows each have theirs), the
+    MPC's horizon, and the SLO target and engine view every controller was given."""
+    config = payload["config"]
+    period = config["control_period_s"]
+    others: dict[float, list[str]] = {}
+    for row in payload["rows"]:
+        own = row.get("control_period_s")
+        if own is not None and own != period and row["controller"] not in others.get(own, []):
+            others.setdefault(own, []).append(row["controller"])
+    if others:
+        rest = "; ".join(
+            f"{', '.join(map(markdown_text, keys))} {own:g} s"
+            for own, keys in sorted(others.items(), reverse=True)
+        )
+    else:  # a board from before the rows recorded their periods
+        rest = f"the fast MPC {config.get('fast_mpc_period_s', period):g} s" + (
+            f", mpc-online {config['online_period_s']:g} s" if "online_period_s" in config else ""
+        )
+    target = config.get("slo_target")
+    given = (
+        ""
+        if "engine_view" not in config
+        else " Every controller was given "
+        + (
+            "no SLO target"
+            if target is None
+            else f"an SLO target of {100.0 * target['attainment']:g} % over "
+            f"{target['window_s']:g} s"
+        )
+        + f" and observed the {config['engine_view']} engine view."
+    )
+    return (
+        f"Control period {period:g} s ({rest}); MPC horizon {config['mpc_horizon_s']:g} s." + given
+    )
+
+
 def _chain_line(config: dict[str, Any]) -> str:
     """The safety chain every controller ran in (older results have none recorded)."""
     if "dwell_s" not in config:
@@ -232,15 +270,7 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{payload['config']['jobs']} worker process(es). Definitions: `docs/scoreboard.md`.",
         "Energy saved is relative to the maximum clock; SLO holds when attainment is within "
         "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
-        f"Control period {payload['config']['control_period_s']:g} s (the fast MPC "
-        f"{payload['config'].get('fast_mpc_period_s', payload['config']['control_period_s']):g}"
-        " s"
-        + (
-            f", mpc-online {payload['config']['online_period_s']:g} s"
-            if "online_period_s" in payload["config"]
-            else ""
-        )
-        + f"); MPC horizon {payload['config']['mpc_horizon_s']:g} s.",
+        _periods_line(payload),
         _chain_line(payload["config"]),
         "",
     ]

@@ -386,7 +386,11 @@ def run_scenario(
         finally:
             close_controller(chain, f"{scenario.key}: controller {entry.key!r}")
         # Decisions that were not a clock (the chain ran the top clock instead).
-        extra: dict[str, Any] = {"invalid_decisions": invalid_decisions(chain)}
+        extra: dict[str, Any] = {
+            "invalid_decisions": invalid_decisions(chain),
+            # The period it decided at, which the board's line of settings says per row.
+            "control_period_s": entry.control_period_s or period,
+        }
         times = [float(t) for t in timed.call_times_s]
         report = inner.diagnostics() if isinstance(inner, Diagnosable) else None
         if report is not None:

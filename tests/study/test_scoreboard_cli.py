@@ -115,6 +115,26 @@ def test_tiny_scoreboard_writes_json_markdown_and_png(
     assert "azure-conv-10min|h100-sxm-llama3-8b|recorded" in stderr
 
 
+def test_the_board_says_the_period_target_and_view_each_row_ran_with(
+    tiny_run: tuple[Path, int, str, str],
+) -> None:
+    """scoreboard.md says each row's control period where it is not the board's (the peers
+    decide every 0.25 s, agft every 0.3 s) and the SLO target and engine view every
+    controller was given: it said 'Control period 1 s' beside rows decided four times as
+    often, and neither the target nor the view."""
+    out, code, _, stderr = tiny_run
+    assert code == 0, stderr
+    rows = _strict_load((out / "scoreboard.json").read_text())["rows"]
+    periods = {row["controller"]: row.get("control_period_s") for row in rows}
+    assert periods["pid"] == periods["mpc-online"] == 0.25 and periods["agft"] == 0.3
+    assert periods["reactive"] == 1.0 and periods["window-oracle"] is None
+    assert (
+        "Control period 1 s (mpc 0.5 s; agft 0.3 s; mpc-online, default-dvfs, pid, throttllem, "
+        "greenllm 0.25 s); MPC horizon 10 s. Every controller was given an SLO target of 99 % "
+        "over 15 s and observed the vllm engine view."
+    ) in (out / "scoreboard.md").read_text().splitlines()
+
+
 def test_bench_controllers_rejects_an_unknown_load(tmp_path: Path) -> None:
     code, _, stderr = run_main(
         ["bench", "controllers", "--tiny", "--loads", "peak", "--out", str(tmp_path)]
