@@ -677,7 +677,8 @@ def run_disaggregated(
         "rows": rows,
         "notes": (
             "Each pool runs its own instance of the row's controller (the node's factory "
-            f"and safety chain) and observes the {config.engine_view!r} engine view, as "
+            f"and safety chain: {config.safety.words()}; {_periods_words(controllers, config)}; "
+            f"{_target_words(config)}) and observes the {config.engine_view!r} engine view, as "
             "does the colocated twin. Savings are against the maximum clock on both pools; per "
             "pool against the maximum clock's same pool. 'best-fixed (hindsight)' is the "
             "best fixed clock pair: the lowest fixed clock per pool that holds the SLO "
@@ -699,6 +700,24 @@ def run_disaggregated(
             "that colocated run's."
         ),
     }
+
+
+def _periods_words(controllers: Sequence[str], config: BenchConfig) -> str:
+    """The control period each row decides at, in words (rows of one period together)."""
+    by_period: dict[float, list[str]] = {}
+    for key in controllers:
+        by_period.setdefault(row_spec(key, config)[1], []).append(key)
+    return "decided every " + ", ".join(
+        f"{period:g} s ({', '.join(keys)})" for period, keys in sorted(by_period.items())
+    )
+
+
+def _target_words(config: BenchConfig) -> str:
+    """The SLO target every controller is given, in words."""
+    target = config.slo_target
+    if target is None:
+        return "no SLO target"
+    return f"an SLO target of {100.0 * target.attainment:g} % over {target.window_s:g} s"
 
 
 def _percent(value: float | None) -> str:

@@ -133,6 +133,12 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert "| best-fixed (hindsight) |" in table and "prefill alone" in table
     assert "| window-oracle (hindsight) |" in table and "| LP bound decode |" in table
     assert "not run per pool" not in table
+    # The chain, the periods and the target every pool's controller ran with.
+    assert (
+        "(the node's factory and safety chain: dwell 0.25 s, no clock floor; decided every "
+        "0.25 s (default-dvfs, voltana, mpc-online), 1 s (max, reactive); an SLO target of "
+        "99 % over 8 s) and observes the 'exact' engine view"
+    ) in table
     assert "wrote" in stdout.getvalue()
     # Progress with an ETA, one line per scenario (two layouts x the tiny board's loads).
     lines = [line for line in stderr.getvalue().splitlines() if "disaggregated:" in line]
