@@ -317,8 +317,7 @@ def check_header(source: str | Path, header: Mapping[str, Any]) -> tuple[float, 
         safety = info.get("safety") or {}
         limits = ("dwell_s", "floor_mhz", "min_relock_interval_s")
         if not isinstance(safety, dict) or any(
-            safety.get(key) is not None and (finite_number(safety[key]) or -1.0) < 0.0
-            for key in limits
+            safety.get(key) is not None and _negative_or_no_number(safety[key]) for key in limits
         ):
             raise RecordingError(
                 f"{where} {field}.safety must hold non-negative numbers, got {safety!r:.60}"
@@ -366,6 +365,13 @@ def _check_recorded_context(where: str, context: object) -> None:
     ):
         raise RecordingError(f"{where}.gpu_uuids must be a list of text, got {uuids!r:.40}")
     _check_recorded_forecasts(f"{where}.forecasts", context.get("forecasts"))
+
+
+def _negative_or_no_number(value: object) -> bool:
+    """Whether ``value`` is no finite number, or a negative one (a zero is a setting: a
+    dwell of 0 s, no relock interval)."""
+    number = finite_number(value)
+    return number is None or number < 0.0
 
 
 def _check_as_config(where: str, field: str, value: object, model: type[FrozenModel]) -> None:

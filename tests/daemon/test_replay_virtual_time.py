@@ -5,6 +5,7 @@ how busy the machine is."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,3 +150,22 @@ def test_a_replayed_mpc_on_a_profile_of_other_gpus_says_so_as_a_node_does(
     same: list[str] = []
     replay(path, parse_controller_spec("mpc:h100-sxm-llama3-70b-tp4"), warn=same.append)
     assert same == []
+
+
+def test_a_recording_of_a_chain_with_no_dwell_replays(tmp_path: Path) -> None:
+    """A run with ``--dwell 0`` (or a config's ``dwell_s = 0`` or
+    ``min_relock_interval_s = 0``, which the config takes) records a zero in its safety
+    settings, and its replay runs with them: the header check read a zero as missing and
+    refused the recording as holding a negative number."""
+    from gpugov.cli import main
+
+    path = tmp_path / "run.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "10", "--controller", "reactive"]
+    argv += ["--dwell", "0", "--metrics-address", "none", "--record", str(path), "--quiet"]
+    assert main(argv) == 0
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["domains"][0]["safety"]["min_relock_interval_s"] = 0
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    report = replay(path, parse_controller_spec("reactive"))
+    assert report.compared == len(lines) - 1 and report.differing == 0
