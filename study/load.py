@@ -57,7 +57,7 @@ def summarize(run: LoadRun) -> dict[str, Any]:
     failed = [t for t in run.timings if t.error is not None]
     ttft = [t.ttft_s for t in done if t.ttft_s is not None]
     tpot = [t.tpot_s for t in done if t.tpot_s is not None]
-    output = sum(len(t.token_s) for t in run.timings)
+    output = sum(t.output_tokens for t in run.timings)
     errors: dict[str, int] = {}
     examples: dict[str, str] = {}
     for timing in failed:

@@ -296,7 +296,7 @@ class _EnergyRun:
             requests.append(
                 RequestTruth(
                     prompt_tokens=float(usage.get("prompt_tokens", timing.prompt_tokens)),
-                    output_tokens=float(usage.get("completion_tokens", len(timing.token_s))),
+                    output_tokens=float(timing.output_tokens),
                     first_token_s=timing.token_s[0],
                     end_s=timing.end_s,
                     true_j=float(energy),

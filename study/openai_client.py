@@ -67,11 +67,28 @@ class StreamTiming:
         return self.token_s[0] - self.sent_s if self.token_s else None
 
     @property
+    def output_tokens(self) -> int:
+        """Tokens the server generated: its ``usage.completion_tokens`` when it sent one;
+        else ``max_tokens`` where a finished stream ended at its length limit (the output
+        ``ignore_eos`` asked for); else one per token event, a lower bound where a server
+        sends several tokens in one event (vLLM's and SGLang's ``--stream-interval``,
+        speculative decoding)."""
+        counted = len(self.token_s)
+        usage = self.usage.get("completion_tokens") if self.usage else None
+        if isinstance(usage, int) and not isinstance(usage, bool) and usage >= counted:
+            return usage
+        if self.end_s is not None and self.finish_reason == "length":
+            return max(counted, self.max_tokens)
+        return counted
+
+    @property
     def tpot_s(self) -> float | None:
-        """Mean time per output token after the first."""
-        if len(self.token_s) < 2:
+        """Mean time per output token after the first (the first to the last token
+        event over :attr:`output_tokens` less one, as vLLM's benchmark counts it)."""
+        tokens = self.output_tokens
+        if len(self.token_s) < 2 or tokens < 2:
             return None
-        return (self.token_s[-1] - self.token_s[0]) / (len(self.token_s) - 1)
+        return (self.token_s[-1] - self.token_s[0]) / (tokens - 1)
 
 
 MAX_EVENT_LINE_BYTES = 1 << 20

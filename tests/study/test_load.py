@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -531,3 +532,65 @@ def test_a_model_list_that_names_no_model_is_one_clear_line(
         server.shutdown()
         server.server_close()
     assert capsys.readouterr().err.splitlines() == [f"gpugov: error: {url}{said}"]
+
+
+class _SeveralTokensPerEvent(BaseHTTPRequestHandler):
+    """A server streaming ``per_event`` tokens in each event (vLLM's and SGLang's
+    ``--stream-interval``), 20 ms apart, ending at the length limit; ``usage`` (the
+    class's flag) in a last event when asked for."""
+
+    protocol_version = "HTTP/1.1"
+    per_event = 4
+    send_usage = False
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        wanted = int(body["max_tokens"])
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        sent = 0
+        while sent < wanted:
+            count = min(self.per_event, wanted - sent)
+            sent += count
+            reason = "length" if sent == wanted else None
+            event = {"choices": [{"index": 0, "text": " a" * count, "finish_reason": reason}]}
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(0.02)
+        if self.send_usage:
+            usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": sent}}
+            self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.close_connection = True
+
+
+@pytest.mark.parametrize("send_usage", [False, True])
+def test_a_server_sending_several_tokens_per_event_is_counted_in_tokens(
+    send_usage: bool,
+) -> None:
+    """Each stream event was counted as one token: a server sending four per event
+    showed a quarter of the output tokens and four times the TPOT. The tokens are the
+    usage's ``completion_tokens`` where the server sends it, else the ``max_tokens`` a
+    stream ended at its length limit with."""
+    handler = type("Handler", (_SeveralTokensPerEvent,), {"send_usage": send_usage})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        run = run_load([Request(0, 0.0, 8, 17), Request(1, 0.0, 8, 9)], url, "m", drain_s=20.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    summary = summarize(run)
+    assert summary["requests_completed"] == 2, summary
+    assert summary["output_tokens"] == 17 + 9
+    for timing in run.timings:
+        assert len(timing.token_s) == -(-timing.max_tokens // 4)  # events, not tokens
+        assert timing.output_tokens == timing.max_tokens
+        span = timing.token_s[-1] - timing.token_s[0]
+        assert timing.tpot_s == pytest.approx(span / (timing.max_tokens - 1))
