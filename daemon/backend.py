@@ -175,6 +175,35 @@ def plausible_power(sample: GpuSample, highest_limit_w: float | None) -> GpuSamp
     return dataclasses.replace(sample, power_w=None, read_errors=(*sample.read_errors, "power"))
 
 
+IMPLAUSIBLE_POWER_FACTOR = 20.0
+"""An energy counter that advanced by more than this many times the power limit over a
+window is a counter jump (a real GPU stays under its limit; ``gpugov emulate --speed X``
+runs its energy counter X times faster than the wall clock the daemon's windows are
+measured in): :func:`plausible_energy`, and the energy attribution's windows."""
+
+
+def plausible_energy(
+    sample: GpuSample,
+    previous: tuple[float, float] | None,
+    now_s: float,
+    highest_limit_w: float | None,
+) -> GpuSample:
+    """``sample`` with an energy counter that advanced further since ``previous`` (the
+    counter read before, and when) than the GPU may draw meanwhile (more than
+    :data:`IMPLAUSIBLE_POWER_FACTOR` times ``highest_limit_w``, else its own enforced limit,
+    for at least a second) taken as a failed read: a counter's garbage (2^64 - 1 mJ) was a
+    window of 18 PJ a learned power model took in. A counter that went back (a driver
+    reload) is its consumers' to take as a reset."""
+    energy = sample.energy_j
+    if energy is None or previous is None:
+        return sample
+    before_j, before_s = previous
+    limit_w = highest_limit_w or sample.power_limit_w or MAX_GPU_POWER_W
+    if energy - before_j <= IMPLAUSIBLE_POWER_FACTOR * limit_w * max(now_s - before_s, 1.0):
+        return sample
+    return dataclasses.replace(sample, energy_j=None, read_errors=(*sample.read_errors, "energy"))
+
+
 @runtime_checkable
 class GpuBackend(Protocol):
     """One GPU: read it, lock its SM clock, unlock it.

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from gpugov.daemon.attainment import Buckets, bucket_delta
+from gpugov.daemon.backend import IMPLAUSIBLE_POWER_FACTOR
 from gpugov.daemon.phase_fit import (
     PhaseCoefficients,
     PhaseFit,
@@ -101,10 +102,6 @@ SKIP_REASONS = (
     "engine_restart",
 )
 """Why a window was skipped (the ``reason`` label of the skipped-windows counter)."""
-IMPLAUSIBLE_POWER_FACTOR = 20.0
-"""A window whose mean power exceeds this many times the power limit is a counter jump (a
-real GPU stays under its limit; ``gpugov emulate --speed X`` runs its energy counter X
-times faster than the wall clock the daemon's windows are measured in)."""
 UNKNOWN_MODEL = "unknown"
 """The ``model`` label when the engine does not name its model."""
 Source = Literal["learned", "fit", "prior"]

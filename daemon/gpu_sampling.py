@@ -24,6 +24,7 @@ from gpugov.daemon.backend import (
     GpuSample,
     clock_tolerance_mhz,
     plausible_clock,
+    plausible_energy,
     plausible_power,
 )
 from gpugov.daemon.deadline import LatestReader, ReadTimeout
@@ -131,6 +132,8 @@ class DomainGpus:
         self._power_ceiling_w: dict[str, float | None] = {}
         self._sample_failures: dict[str, tuple[int, float, float]] = {}
         self._clock_bounds: dict[str, tuple[float, float, float]] = {}
+        self._energy_read: dict[str, tuple[float, float]] = {}
+        """Per GPU, its energy counter as last read and the tick it was read at."""
 
     @property
     def hanging_reads(self) -> tuple[str, ...]:
@@ -173,7 +176,7 @@ class DomainGpus:
             else:
                 self._report_sample_recovery(backend.label)
                 self._report_field_reads(backend.label, sample.read_errors, now_s)
-            sample = self._plausible(backend, sample)
+            sample = self._plausible_energy(backend, self._plausible(backend, sample), now_s)
             if sample.read_errors:
                 self.gpu_read_errors[backend.label] += len(sample.read_errors)
             samples.append(sample)
@@ -224,6 +227,30 @@ class DomainGpus:
                 sample.sm_clock_mhz,
                 bounds[0],
                 bounds[1],
+            )
+        return checked
+
+    def _plausible_energy(self, backend: GpuBackend, sample: GpuSample, now_s: float) -> GpuSample:
+        """The sample with an energy counter that advanced further since its last reading
+        than the GPU may draw (:func:`~daemon.backend.plausible_energy`) taken as a failed
+        read (the first per GPU logged); the next reading is judged against this one, so a
+        counter that moved to a new level counts on from it."""
+        label = backend.label
+        previous = self._energy_read.get(label)
+        if sample.energy_j is not None:
+            self._energy_read[label] = (sample.energy_j, now_s)
+        checked = plausible_energy(sample, previous, now_s, self._power_ceiling_w.get(label))
+        if checked is not sample and ("energy", label) not in self._implausible_logged:
+            self._implausible_logged.add(("energy", label))
+            assert previous is not None and sample.energy_j is not None
+            log.warning(
+                "GPU %s: energy counter read %.6g J, %.3g J past its reading %.3g s before, "
+                "more than it may draw: counted as a failed read (gpugov_gpu_read_errors_total; "
+                "not logged again)",
+                label,
+                sample.energy_j,
+                sample.energy_j - previous[0],
+                now_s - previous[1],
             )
         return checked
 

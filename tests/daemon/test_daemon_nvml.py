@@ -564,6 +564,30 @@ def test_a_power_field_call_that_answers_no_field_falls_back_to_the_average_gett
     assert sample.power_w == pytest.approx(340.0) and sample.read_errors == ()
 
 
+def test_an_energy_counter_that_jumps_further_than_the_gpu_may_draw_is_a_failed_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An energy counter's garbage (2^64 - 1 mJ) was taken as read: its window was 18 PJ,
+    which mpc-online's learned power model took in (its power mean past 1e13 W, the model
+    no longer saved). Such a reading is a failed read (one line); the next one is judged
+    against it, so a counter back at its level, or moved to a new one, counts on."""
+    from gpugov.daemon.gpu_sampling import DomainGpus
+
+    fake = FakeNvml(1)
+    gpus = DomainGpus([NvmlBackend(0, nvml=fake)])
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.observer"):
+        counters_mj = [1_000_000, 1_400_000, 2**64 - 1, 1_800_000, 2_200_000, 9 * 10**12]
+        for step, energy_mj in enumerate([*counters_mj, 9 * 10**12 + 400_000]):
+            fake.gpus[0].energy_mj = energy_mj
+            seen.append(gpus.sample(float(step))[0].energy_j)
+    assert seen == [1000.0, 1400.0, None, 1800.0, 2200.0, None, 9e9 + 400.0]
+    assert gpus.gpu_read_errors == {"0": 2}
+    assert [r.getMessage()[:57] for r in caplog.records] == [
+        "GPU 0: energy counter read 1.84467e+16 J, 1.84e+16 J past"
+    ]
+
+
 def test_transient_read_error_is_counted_and_survived() -> None:
     fake = FakeNvml(1)
     backend = NvmlBackend(0, nvml=fake)
