@@ -56,6 +56,25 @@ def test_a_limit_above_a_gpus_slowdown_temperature_is_held_at_it(
         )
 
 
+def test_a_split_mode_domain_reads_its_gpus_slowdown_temperature_too() -> None:
+    """Through the actuator or zeusd the GPU is read through NVML as in the nvml mode: its
+    slowdown temperature too. The split backends did not pass it on, so a governor run
+    unprivileged (the split mode) held a thermal_limit_c above it, the controllers planning
+    to a temperature the die never reaches."""
+    from gpugov.daemon.actuator_client import ActuatorBackend, ActuatorClient
+    from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
+
+    gpu_lib = FakeNvml(2)
+    gpu_lib.gpus[1].slowdown_temperature_c = 84
+    split = [
+        ActuatorBackend(NvmlBackend(0, nvml=gpu_lib), ActuatorClient("/nonexistent.sock")),
+        ZeusdBackend(NvmlBackend(1, nvml=gpu_lib), ZeusdClient(socket_path="/nonexistent")),
+    ]
+    assert [gpu.slowdown_temperature_c() for gpu in split] == [87.0, 84.0]  # type: ignore[attr-defined]
+    held, line = held_thermal_limit("llm", 95.0, split, read_deadline_s=2.0)
+    assert (held, line is not None) == (84.0, True)
+
+
 def test_no_slowdown_temperature_keeps_the_configured_limit() -> None:
     gpu_lib = FakeNvml(1)
     gpu_lib.gpus[0].slowdown_temperature_c = None
