@@ -7,6 +7,7 @@ object (the CLI loads it, this turns it into parts).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from gpugov.daemon.errors import (
     GpugovError,
 )
 from gpugov.daemon.files import resolve_state_dir
+from gpugov.daemon.gpu_hold import GpuHeld, hold_gpu, release
 from gpugov.daemon.gpu_open import (
     check_actuator_serves,
     check_configured_clocks,
@@ -95,6 +97,9 @@ class Assembled:
     held_models: list[IO[str]] = field(default_factory=list)
     """The hold files of the domains' learned models (:func:`hold_models`), closed with
     the rest."""
+    gpu_holds: list[socket.socket] = field(default_factory=list)
+    """The holds on the GPUs this run locks (:func:`daemon.gpu_hold.hold_gpu`), let go
+    last."""
 
     def close(self) -> None:
         """Close every backend (NVML references) and engine connection, then let the
@@ -125,6 +130,7 @@ class Assembled:
         for source in self.sources:
             source.close()
         self._close_files()
+        release(self.gpu_holds)
 
     def _close_files(self, deadline_s: float = WRITE_DEADLINE_S) -> None:
         """Let the state directory go and close the learned models' hold files on a
@@ -523,6 +529,24 @@ OPENING_GPUS = "a GPU call made as the GPUs were opened has not returned: a wedg
 """What a start stopped while it opens the GPUs was doing (:func:`domains_from_config`)."""
 
 
+def _hold(
+    assembled: Assembled, backend: GpuBackend, domain: str, named: str, config: GpugovConfig
+) -> None:
+    """Hold ``backend``'s GPU for this run (:func:`daemon.gpu_hold.hold_gpu`).
+
+    Raises:
+        GpuHeld: another gpugov on the node holds it (the line names the domain).
+    """
+    uuid = str(getattr(backend, "uuid", None) or "")
+    try:
+        held = hold_gpu(uuid, config.daemon.backend, named=named, emulator=config.daemon.emulator)
+    except GpuHeld as error:
+        error.args = (f"domain {domain!r}: gpus: {error}",)
+        raise
+    if held is not None:
+        assembled.gpu_holds.append(held)
+
+
 def domains_from_config(
     config: GpugovConfig,
     *,
@@ -574,6 +598,8 @@ def domains_from_config(
                 backends.append(backend)
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
                 check_opened_once(opened, backend, spec.name, str(gpu))
+                if not dry_run:  # one governor per GPU on the node: before any write
+                    _hold(assembled, backend, spec.name, str(gpu), config)
             if not dry_run:  # a dry run writes nothing, so no refusal can stop it
                 check_actuator_serves(spec.name, backends)
             source = ScrapedSource(

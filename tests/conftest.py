@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 import textwrap
 from collections import Counter
@@ -11,7 +13,10 @@ from pathlib import Path
 import pytest
 from synthetic import make_plant, make_profile
 
+from gpugov.daemon.gpu_hold import SCOPE_ENV
 from gpugov.plant import PerformanceProfile, ServingPlant
+
+_TESTS = itertools.count()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,6 +32,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             -counts[item.path],
         )
     )
+
+
+@pytest.fixture(autouse=True)
+def _own_gpu_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test takes its GPU holds (``daemon.gpu_hold``) in a scope of its own: the fake
+    GPUs of tests running at once on other workers share UUIDs, not a node. The test's
+    daemons (in-process and child processes) share the scope, so a test of two governors
+    on one GPU sees them meet."""
+    monkeypatch.setenv(SCOPE_ENV, f"test-{os.getpid()}-{next(_TESTS)}")
 
 
 @pytest.fixture

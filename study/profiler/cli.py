@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -228,6 +229,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         GpuUnavailable,
         PermissionDenied,
     )
+    from gpugov.daemon.gpu_hold import GpuHeld, hold_gpu, release
     from gpugov.daemon.gpu_open import open_backend
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.stop_signals import StopEvent
@@ -311,6 +313,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         _check_emulator_speed(engine_base, "--engine-url", api_key)
     _check_one_emulated_engine(engine_base, gpus, api_key)
     backends = []
+    holds: list[socket.socket] = []  # the GPUs' holds against a governor (daemon.gpu_hold)
     named: dict[str, str] = {}  # UUID -> how --gpus named it first
     try:
         for gpu in gpus:
@@ -328,11 +331,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 )
             if uuid:
                 named[uuid] = str(gpu)
+            if not args.dry_run:  # a running governor on this GPU would fight the sweep
+                try:
+                    held = hold_gpu(uuid, args.backend, named=str(gpu), emulator=emulator)
+                except GpuHeld as error:
+                    for backend in backends:
+                        backend.close()
+                    release(holds)
+                    raise UsageError(
+                        f"--gpus: {error}; stop it before profiling; nothing was changed"
+                    ) from None
+                if held is not None:
+                    holds.append(held)
     except GpuError as error:
         # A GPU lost, refusing permission or failing as it is opened: one line (a lost
         # one was a traceback), and the GPUs opened before it are closed again.
         for backend in backends:
             backend.close()
+        release(holds)
         if isinstance(error, GpuUnavailable):
             return fail(f"{error}", EXIT_NO_GPU)
         if isinstance(error, GpuLost):
@@ -346,6 +362,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except BaseException:
         for backend in backends:
             backend.close()
+        release(holds)
         raise
     received: list[str] = []  # the signal that stopped the sweep, by name
     sweep: Sweep | None = None
@@ -449,6 +466,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             backend.close()
         if lock_state is not None:
             lock_state.release()
+        release(holds)
     _print_written(manifest)
     if getattr(sweep, "unreset", ()):
         # Measured and written, but a GPU may be left locked: said last, as run's exit 6.

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpugov.daemon.gpu_hold import SCOPE_ENV
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FIXTURES = REPO / "tests" / "daemon" / "fixtures"
@@ -332,6 +334,9 @@ class Daemon:
             p for p in (str(HERE / "fakenv"), env.get("PYTHONPATH", "")) if p
         )
         env[STATE_ENV] = str(self.node.path)
+        # Each fake node is a node of its own: its GPUs' holds (daemon.gpu_hold) are not
+        # those of the campaign's other nodes, whose fake GPUs share their UUIDs.
+        env[SCOPE_ENV] = f"fake-node-{self.node.path}"
         env["STATE_DIRECTORY"] = str(self.node.state_dir)
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONFAULTHANDLER"] = "1"  # a hung exit's threads: see wait()

@@ -18,6 +18,8 @@ import pytest
 from study_support import SMALL_BATCH, SMALL_CONTEXT
 
 from gpugov.cli import main
+from gpugov.daemon.emulated import EmulatedBackend
+from gpugov.daemon.gpu_hold import hold_gpu, release
 from gpugov.daemon.lockstate import STATE_FILE, LockState, live_writer
 from gpugov.study.emulate.server import EmulatorServer
 
@@ -125,3 +127,30 @@ def test_a_profile_is_refused_while_a_running_governor_holds_the_state_directory
     assert emulator.node.gpu_state[0].locked is None
     assert not (out / "sweep-state.jsonl").exists()
     assert not (state_dir / STATE_FILE).exists()
+
+
+def test_a_profile_is_refused_on_a_gpu_a_governor_with_another_state_directory_holds(
+    emulator: EmulatorServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A governor keeping its lock record elsewhere holds the GPU itself
+    (``daemon.gpu_hold``): the profile is refused naming the GPU and the holder, exit 2,
+    before any clock is locked; the profile's own state directory is let go."""
+    uuid = str(EmulatedBackend(0, emulator=emulator.url).uuid)
+    governor = hold_gpu(uuid, "emulated", named="0", emulator=emulator.url)
+    (tmp_path / "s").mkdir()
+    try:
+        out = tmp_path / "out"
+        code = main(_argv(emulator.url, out, "--dwell", "0.3", "--state-dir", str(tmp_path / "s")))
+    finally:
+        release([governor] if governor is not None else [])
+    assert code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"gpugov: error: --gpus: GPU 0 ({uuid}) is held by another gpugov on this node (pid "
+        f"{os.getpid()} ("
+    )
+    assert lines[0].endswith("; stop it before profiling; nothing was changed")
+    assert emulator.node.gpu_state[0].locked is None
+    assert not (out / "sweep-state.jsonl").exists()
+    LockState(tmp_path / "s").hold()  # not held by the refused profile

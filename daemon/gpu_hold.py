@@ -1,0 +1,141 @@
+"""One governor per GPU on a node: a hold on each GPU a run locks, seen by any other gpugov.
+
+Two governors with different state directories (a second unit, a ``gpugov run`` by hand
+beside the unit, a ``gpugov profile`` beside a running governor) would both lock the same
+GPU's clocks, each undoing the other's writes, and the state directory's hold
+(:meth:`daemon.lockstate.LockState.hold`) cannot see it. Each GPU a locking run opens is
+held by an abstract Unix socket (Linux) named after the GPU's UUID: the kernel frees the
+name when the process exits, however it exits, so there is no file to clean up and no
+directory or permission to provide. A second run finds the name taken, asks the socket
+for its holder (``SO_PEERCRED``) and stops before any write, naming the GPU and the
+holder's pid and command line.
+
+Scope: the network namespace. The processes of one host (units, shells, host-network
+pods) see one another; a pod with its own network sees only itself (see
+``docs/daemon.md``). ``$GPUGOV_GPU_HOLD_SCOPE`` names a separate set of holds: several
+emulated or fake nodes on one machine (the test suite) each set their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import socket
+import struct
+import sys
+from pathlib import Path
+
+from gpugov.daemon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCOPE_ENV = "GPUGOV_GPU_HOLD_SCOPE"
+"""The environment variable naming the set of holds a run takes part in (default
+``gpugov``)."""
+
+PHYSICAL_BACKENDS = frozenset({"nvml", "nvidia-smi", "actuator", "zeusd"})
+"""Backends whose GPU is a physical one, named by its UUID node-wide; an emulated GPU is
+held within its emulator's address, a simulated one not at all."""
+
+
+class GpuHeld(ConfigError):
+    """Another gpugov process on this node holds a GPU this run would lock.
+
+    Attributes:
+        uuid: the GPU's UUID.
+        holder: who holds it: ``"pid 4242 (gpugov run --config ...)"``, or ``"pid unknown"``.
+    """
+
+    def __init__(self, message: str, uuid: str, holder: str) -> None:
+        super().__init__(message)
+        self.uuid = uuid
+        self.holder = holder
+
+
+def hold_name(uuid: str, where: str = "") -> bytes:
+    """The abstract socket name of the hold on GPU ``uuid`` (``where``: an emulator's
+    address, empty for a physical GPU), within :data:`SCOPE_ENV`'s scope."""
+    scope = os.environ.get(SCOPE_ENV) or "gpugov"
+    digest = hashlib.sha256(f"{scope}\0{where}\0{uuid}".encode()).hexdigest()[:40]
+    return b"\0gpugov-gpu-" + digest.encode()
+
+
+def _holder(name: bytes) -> str:
+    """Who holds the socket ``name``: its pid and command line, as the kernel gives the
+    listener's credentials to a connecting client (``"pid unknown"`` when it cannot)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            probe.connect(name)
+            credentials = probe.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+            )
+    except OSError:
+        return "pid unknown"
+    pid = struct.unpack("3i", credentials)[0]
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return f"pid {pid}"
+    command = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    if len(command) > 120:
+        command = command[:117] + "..."
+    return f"pid {pid} ({command})" if command else f"pid {pid}"
+
+
+def hold_gpu(
+    uuid: str, kind: str, *, named: str, emulator: str | None = None
+) -> socket.socket | None:
+    """Hold GPU ``uuid`` (opened through backend ``kind``, ``named`` as the user named it)
+    for this process: the socket to keep open while the run may lock it, or None where no
+    hold applies (a simulated GPU, a platform without abstract sockets, a sandbox that
+    refuses the socket: logged).
+
+    Raises:
+        GpuHeld: another process holds it (the message names the GPU and the holder).
+    """
+    if not sys.platform.startswith("linux") or not uuid:
+        return None
+    if kind in PHYSICAL_BACKENDS:
+        where = ""
+    elif kind == "emulated" and emulator:
+        where = emulator.rstrip("/")
+    else:
+        return None
+    name = hold_name(uuid, where)
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        held.bind(name)
+        held.listen(8)
+    except OSError as error:
+        held.close()
+        if error.errno != errno.EADDRINUSE:
+            log.warning(
+                "GPU %s: cannot hold it against a second gpugov on this node (%s); going on "
+                "without the hold",
+                named,
+                error.strerror or error,
+            )
+            return None
+        holder = _holder(name)
+        shown = named if named == uuid else f"{named} ({uuid})"
+        raise GpuHeld(
+            f"GPU {shown} is held by another gpugov on this node ({holder}): two governors "
+            "would fight over its clocks; stop the other one (systemctl stop gpugov) or give "
+            "this one other GPUs",
+            uuid,
+            holder,
+        ) from error
+    held.set_inheritable(False)
+    return held
+
+
+def release(holds: list[socket.socket]) -> None:
+    """Let the holds go (closing a socket frees its name at once)."""
+    for held in holds:
+        with contextlib.suppress(OSError):
+            held.close()
+    holds.clear()
