@@ -328,14 +328,11 @@ class MeasuredLatencyRules:
         a decode pool of disaggregated serving, where no prompt is prefilled). Across a
         coarse grid's gap the clock below is allowed too (:meth:`coarse_step`), and taken
         outright until the model has seen it. The bound is no lower than an idle GPU's
-        parking allows a prompt arriving in the coming period (:meth:`_arrival_park_share`),
-        and there is none while the engine's published KV cache has no room for a mean
-        prompt: one arriving then waits for running replies to finish, at this clock."""
+        parking allows a prompt arriving in the coming period (:meth:`_arrival_park_share`)."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
             or observation.decode_active <= 0
-            or _cache_full_for(observation, self.mean_prompt_tokens)
         ):
             return None
         pressure = self.exploration.pressure(observation)
@@ -626,14 +623,6 @@ class MeasuredLatencyRules:
         slack = target + oldest - np.array([age for _, age in groups])
         chunks = np.ceil(backlog * done / chunk)
         return np.asarray((chunks[:, None] * mixed[None, :] <= slack[:, None]).all(axis=0))
-
-
-def _cache_full_for(observation: ServingObservation, prompt_tokens: float) -> bool:
-    """Whether the engine's published KV cache lacks room for a prompt of
-    ``prompt_tokens`` beside what it holds: one arriving waits until running requests
-    finish."""
-    capacity = published_kv_capacity(observation)
-    return capacity is not None and observation.kv_tokens + prompt_tokens > capacity
 
 
 def _waits_for_cache(observation: ServingObservation) -> bool:

@@ -129,19 +129,6 @@ def test_no_descent_outside_decode_only_windows() -> None:
     assert controller.descent_clock(_seen(applied=1200.0, tpot_ratio=None), slos) is None
 
 
-def test_no_descent_while_the_kv_cache_has_no_room_for_the_next_prompt() -> None:
-    """A prompt arriving in the coming period into a full cache waits until running
-    replies finish, at the descended clock: no descent there, one with room."""
-    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
-    slos = (2.0, 0.05)
-    seen = _seen(applied=1200.0, tpot_ratio=0.3, running=14)
-    prompt = controller.mean_prompt_tokens
-    roomy = replace(seen, kv_tokens=20_000.0 - 2.0 * prompt, kv_capacity_tokens=20_000.0)
-    full = replace(seen, kv_tokens=20_000.0 - 0.5 * prompt, kv_capacity_tokens=20_000.0)
-    assert controller.descent_clock(roomy, slos) is not None
-    assert controller.descent_clock(full, slos) is None
-
-
 def test_where_arrivals_come_together_it_keeps_the_short_answer_clock() -> None:
     controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
     arrived = 0
