@@ -375,12 +375,19 @@ class Measurer:
 
 
 def _why_short(finish_reason: str | None) -> str:
-    """Why a stream ended before its ``max_tokens``, from its finish reason: an engine
-    that stopped or restarted mid-measurement is not one that ignores ``ignore_eos``."""
+    """Why a stream ended before its ``max_tokens`` (fewer token events than asked), from
+    its finish reason: an engine that stopped or restarted mid-measurement is not one
+    that ignores ``ignore_eos``."""
     if finish_reason == "stop":
         return "it stopped at an end-of-sequence token (is ignore_eos honoured?)"
     if finish_reason == "length":
-        return "it reached the engine's length limit (max_model_len?)"
+        # Ended at a length limit with fewer token events than tokens asked: a context
+        # cut short, or tokens streamed several to an event.
+        return (
+            "it reached a length limit: the engine's max_model_len, or the engine streams "
+            "several tokens per event (--stream-interval above 1, speculative decoding), "
+            "from which a decode iteration cannot be timed"
+        )
     reason = "no finish reason" if finish_reason is None else f"finish reason {finish_reason!r}"
     return f"the engine ended it ({reason}: did it stop or restart?)"
 

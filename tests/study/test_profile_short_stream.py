@@ -24,7 +24,12 @@ class _Sampler:
     ("reason", "said"),
     [
         ("stop", "it stopped at an end-of-sequence token (is ignore_eos honoured?)"),
-        ("length", "it reached the engine's length limit (max_model_len?)"),
+        (
+            "length",
+            "it reached a length limit: the engine's max_model_len, or the engine streams "
+            "several tokens per event (--stream-interval above 1, speculative decoding), "
+            "from which a decode iteration cannot be timed",
+        ),
         ("abort", "the engine ended it (finish reason 'abort': did it stop or restart?)"),
         (None, "the engine ended it (no finish reason: did it stop or restart?)"),
     ],
