@@ -24,7 +24,12 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     from gpugov.plant import ServingPlant
     from gpugov.plant.input_files import plain_float
     from gpugov.study.emulate.disaggregated import DisaggregatedNode
-    from gpugov.study.emulate.node import EmulatedNode, tp_multiple_message
+    from gpugov.study.emulate.node import (
+        MAX_MODEL_ID_CHARS,
+        EmulatedNode,
+        served_model_name,
+        tp_multiple_message,
+    )
     from gpugov.study.emulate.server import EmulatorServer
 
     try:
@@ -66,10 +71,12 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpus must be >= 1, got {gpus}")
     require_positive("--speed", args.speed)
     name = args.served_model_name
-    if not name.isprintable() or len(name) > 256:
+    if name is None:  # the profile's model, as the simulated engine labels it
+        name = args.served_model_name = served_model_name(plant.profile)
+    if not name.isprintable() or len(name) > MAX_MODEL_ID_CHARS:
         raise UsageError(
             f"--served-model-name {name[:80]!r}: a model id is printable text of at most "
-            "256 characters"
+            f"{MAX_MODEL_ID_CHARS} characters"
         )
     fault, lost_after = "none", None
     if args.fault.startswith("lost-after:"):
@@ -263,9 +270,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--served-model-name",
-        default="gpugov-emulated",
+        default=None,
         metavar="NAME",
-        help="model id served under /v1/models (default gpugov-emulated)",
+        help="model id served under /v1/models and in the metrics' model_name labels "
+        "(default: the profile's model, as simulate's engine labels it; gpugov-emulated "
+        "where the profile names none)",
     )
     parser.add_argument(
         "--speed",

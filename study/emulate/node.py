@@ -101,6 +101,26 @@ MAX_ENERGY_RECORDS = 100_000
 
 UNNAMED_GPU = "Emulated GPU"
 """The name of an emulated GPU whose profile states no GPU (no family: no GPU hint)."""
+UNNAMED_MODEL = "gpugov-emulated"
+"""The model id an emulated engine serves when its profile names no model a client can
+send."""
+MAX_MODEL_ID_CHARS = 256
+"""The longest model id the emulator serves (``--served-model-name``)."""
+
+
+def served_model_name(profile: PerformanceProfile) -> str:
+    """The model id an emulated engine of ``profile`` serves unless told another (its
+    ``/v1/models`` id and every ``model_name`` label): the profile's ``model``, as the
+    simulated engine of ``simulate`` and ``run --simulate`` labels it, so that
+    ``mpc-online``'s model-size hint reads the same on the emulator as in a study;
+    :data:`UNNAMED_MODEL` where it names none, or none a client can send (printable, at
+    most :data:`MAX_MODEL_ID_CHARS` characters)."""
+    model = profile.manifest.get("model")
+    if not isinstance(model, str) or not model.isprintable():
+        return UNNAMED_MODEL
+    return model if 0 < len(model) <= MAX_MODEL_ID_CHARS else UNNAMED_MODEL
+
+
 def emulated_gpu_name(profile: PerformanceProfile) -> str:
     """The NVML name of an emulated GPU of ``profile``
     (:func:`~daemon.profile_identity.profile_gpu_name`, as a simulated node names it);

@@ -279,3 +279,35 @@ def test_a_simulated_node_names_its_gpus_as_the_emulated_node_does(
         assert [backend.name for backend in run.domain.observer.gpus.backends] == [name]
     finally:
         run.finish()
+
+
+def test_the_emulated_engine_serves_the_profiles_model_as_the_simulated_one_labels_it() -> None:
+    """``gpugov emulate``'s engine names the profile's model (``/v1/models``, every
+    ``model_name`` label) as the simulated engine of ``simulate`` and ``run --simulate``
+    labels it, so ``mpc-online``'s model-size hint is the same on both: it served
+    'gpugov-emulated', which states no size, and a node against the emulator started from
+    another prior than the study it is compared with. ``--served-model-name`` still names
+    another."""
+    import json
+    import urllib.request
+
+    from study_support import start_emulator_process
+
+    from gpugov.plant.profile_files import resolve_profile_path
+    from gpugov.plant.simulator import PlantSimulation
+
+    name = "h100-sxm-llama3-8b"
+    plant = ServingPlant.from_profile(load_profile(name))
+    labelled = PlantSimulation((), plant).observe().model_name
+    assert labelled
+    process, url = start_emulator_process(resolve_profile_path(name))
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as answer:
+            served = json.loads(answer.read())["data"][0]["id"]
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+            page = answer.read().decode()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert served == labelled
+    assert f'model_name="{labelled}"' in page
