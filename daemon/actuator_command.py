@@ -31,6 +31,7 @@ from gpugov.daemon.errors import ExitCode, GpugovError, PermissionDenied, printa
 from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, socket_path_too_long
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
+from gpugov.daemon.start_retry import retry_transient
 from gpugov.daemon.stop_signals import STOP_SIGNALS, off_handler, signal_name
 
 # The server's logger: one actuator, one name in its log lines.
@@ -249,9 +250,15 @@ def _serve(
     backends: list[GpuBackend] = []
     server: ActuatorServer | None = None
     try:
-        gpus = list(range(device_count())) if args.gpus == ["all"] else args.gpus
+        # One NVML timeout while opening a GPU (the count, the handle, the clocks' list
+        # and the max clock under it) is retried as `gpugov run`'s start retries it.
+        gpus = args.gpus
+        if gpus == ["all"]:
+            gpus = list(range(retry_transient(device_count, "count the GPUs")))
         for gpu in gpus:
-            backends.append(backend_type(gpu))
+            backend = retry_transient(functools.partial(backend_type, gpu), f"GPU {gpu}: open")
+            backends.append(backend)
+            retry_transient(backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks")
         server = ActuatorServer(
             backends,
             args.socket,

@@ -33,13 +33,12 @@ from gpugov.daemon.errors import (
 )
 from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
+from gpugov.daemon.start_retry import START_ATTEMPTS, retry_transient
 from gpugov.plant.types import PowerCapping
 
 log = logging.getLogger("gpugov.daemon.service")
 """The start's lines keep the logger name they were logged under (an operator's filters)."""
 
-START_ATTEMPTS = 5
-START_BACKOFF_S = 0.25
 GPU_OPEN_DEADLINE_S = 20.0
 """The longest one call opening a configured GPU at the start may take (nvmlInit, the
 handle, UUID and name, the clocks' list; each try of the retries). Longer than the
@@ -47,41 +46,6 @@ loop's :data:`~daemon.gpu_sampling.GPU_READ_DEADLINE_S`: the first ``nvmlInit`` 
 without persistence mode brings every GPU up, which takes seconds (``nvidia-smi`` is as
 slow there), and a healthy start must not be taken for a hung one. Only a call that
 hangs in the driver reaches it, well inside the unit's ``TimeoutStartSec=`` (120 s)."""
-
-
-def retry_transient(
-    action: Callable[[], Any],
-    what: str,
-    *,
-    attempts: int = START_ATTEMPTS,
-    backoff_s: float = START_BACKOFF_S,
-    sleep: Callable[[float], Any] = time.sleep,
-    stop: threading.Event | None = None,
-) -> Any:
-    """Run ``action``, retrying a :class:`TransientGpuError` up to ``attempts`` times.
-
-    At start a single NVML timeout (reading supported clocks, opening a GPU) must not
-    abort the daemon; the waits double from ``backoff_s`` (0.25 + 0.5 + 1 + 2 s at most).
-    A ``stop`` set (a stop signal during the start) ends the retries at once: the wait
-    wakes on it, and the last error is raised.
-
-    Raises:
-        TransientGpuError: still failing after the last attempt, or when ``stop`` is set.
-    """
-    for attempt in range(attempts):
-        try:
-            return action()
-        except TransientGpuError as error:
-            if attempt + 1 >= attempts or (stop is not None and stop.is_set()):
-                raise
-            log.warning(
-                "%s failed (attempt %d of %d): %s; retrying", what, attempt + 1, attempts, error
-            )
-            if stop is None:
-                sleep(backoff_s * 2**attempt)
-            elif stop.wait(backoff_s * 2**attempt):
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def open_backend(

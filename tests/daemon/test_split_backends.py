@@ -842,3 +842,43 @@ def test_a_lowering_failing_on_one_gpu_through_the_actuator_leaves_no_group_spli
         for backend in backends:
             backend.close()
         served.stop()
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetSupportedGraphicsClocks",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetCount",
+    ],
+)
+def test_the_actuator_retries_a_gpu_open_that_times_out_once(
+    socket_path: Path, caplog: pytest.LogCaptureFixture, capsys: Any, function: str
+) -> None:
+    """One NVML TIMEOUT while the actuator opens its GPUs (the handle, the clocks' list,
+    the max clock, the count for ``all``) made it exit 4, where ``run`` retries it: it
+    retries now, with the start's retries, and serves."""
+    import os
+    import signal
+
+    from gpugov.cli import build_parser
+    from gpugov.daemon.nvml import nvml_device_count
+
+    nvml = FakeNvml(2)
+    nvml.fail(function, 10)  # NVML_ERROR_TIMEOUT, once
+    gpus = "all" if function == "nvmlDeviceGetCount" else "0,1"
+    args = build_parser("actuator").parse_args(
+        ["actuator", "--gpus", gpus, "--allow", str(os.getuid()), "--socket", str(socket_path)]
+    )
+    code = actuator_command._serve(
+        args,
+        [signal.SIGTERM],
+        lambda gpu: NvmlBackend(gpu, nvml=nvml),
+        lambda: nvml_device_count(nvml),
+    )
+    err = capsys.readouterr().err
+    assert code == 0, err
+    retried = [r.getMessage() for r in caplog.records if "attempt 1 of 5" in r.getMessage()]
+    assert len(retried) == 1 and "Timeout" in retried[0]
+    assert nvml.calls[function] >= 2 and not socket_path.exists()
