@@ -309,7 +309,7 @@ class PowerLimitActuator:
             return
         if isinstance(error, GpuLost):
             raise error
-        self._write_refused(backend, error, first=hung.first)
+        self._write_refused(backend, error, hung.value_w, first=hung.first)
 
     # -------------------------------------------------------------------- apply
     def apply(self, cap_w: float | None) -> int:
@@ -483,7 +483,7 @@ class PowerLimitActuator:
         except GpuError as error:
             self._writers[label].count_failure()
             _raise_if_gone(error)
-            self._write_refused(backend, error, first=first)
+            self._write_refused(backend, error, value, first=first)
             return False
         self._written(backend, value)
         return True
@@ -493,19 +493,27 @@ class PowerLimitActuator:
         label = backend.label
         self._writers[label].succeeded()
         self.held_w[label] = value
+        self.bounds.taken(backend, value)
         self.writes += 1
         log.debug("domain %s: GPU %s power limit set to %g W", self.domain, label, value)
 
-    def _write_refused(self, backend: PowerLimitBackend, error: GpuError, *, first: bool) -> None:
-        """A write to ``backend`` was refused for good (``first``: gpugov's first write to
-        it, so nothing of gpugov's is there to restore): no cap from now on."""
+    def _write_refused(
+        self, backend: PowerLimitBackend, error: GpuError, value: float, *, first: bool
+    ) -> None:
+        """A write of ``value`` watts to ``backend`` was refused (``first``: gpugov's first
+        write to it, so nothing of gpugov's is there to restore): no cap from now on, unless
+        it only says where the lowest limit of a GPU whose constraints cannot be read lies
+        (:meth:`~daemon.power_limit_bounds.PowerLimitBounds.refused_below`)."""
         label = backend.label
         if first:  # refused, so nothing was written: nothing to restore
             self.ledger.touched.discard(label)
             self.ledger.asked_w.pop(label, None)
             if self.state is not None:
                 self.state.clear_power_limit(gpu_key(backend))
-        self._refuse(backend, error)
+        holds = self.held_w.get(label)
+        holds = self.original_w.get(label, math.inf) if holds is None else holds
+        if not self.bounds.refused_below(backend, value, holds, error):
+            self._refuse(backend, error)
 
     def _refuse(self, backend: PowerLimitBackend, error: GpuError) -> None:
         """Power limits cannot be set here: one line, and no cap from now on."""

@@ -11,7 +11,12 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpugov.daemon.backend import PowerLimitBackend
-from gpugov.daemon.errors import GpuError, GpuLost, TransientGpuError
+from gpugov.daemon.errors import (
+    NVML_ERROR_INVALID_ARGUMENT,
+    GpuError,
+    GpuLost,
+    TransientGpuError,
+)
 from gpugov.daemon.gpu_writer import GpuWriter
 
 # The power limit actuator's logger: these lines were logged there and keep its name.
@@ -20,6 +25,10 @@ log = logging.getLogger("gpugov.daemon.power_limit")
 _SPLIT_STEPS = 200
 """The most halvings :meth:`PowerLimitBounds.level` makes: far more than a float's
 precision needs, from any range, so its search always ends."""
+LEARNED_WITHIN_W = 1.0
+"""How close to a GPU's lowest limit learned from NVML's refusals (its constraints unread)
+gpugov gets: the share stops at the lowest limit taken once it is within this of the
+highest refused (:meth:`PowerLimitBounds.refused_below`)."""
 
 
 class PowerLimitBounds:
@@ -44,6 +53,9 @@ class PowerLimitBounds:
         error: its share waits for them (:meth:`constraints`)."""
         self._logged: set[tuple[str, str]] = set()
         self._bad_request_logged = False
+        self._learned: dict[str, tuple[float, float]] = {}
+        """Per GPU whose constraints cannot be read, (the highest limit NVML refused as
+        too low, the lowest it took) in watts: its lowest limit lies between them."""
 
     def request(self, cap_w: object) -> float | None:
         """The controller's cap as domain watts, or None (the board limit): a value that
@@ -117,7 +129,7 @@ class PowerLimitBounds:
         for backend in backends:
             label = backend.label
             limits = self.constraints(backend) if label in ready else self._read.get(label)
-            lowest = 0.0 if limits is None else limits[0]
+            lowest = self._learned_lowest(label, 0.0) if limits is None else limits[0]
             highest = math.inf if limits is None else limits[1]
             if (original := originals_w.get(label)) is not None:
                 highest = min(highest, original)
@@ -159,6 +171,8 @@ class PowerLimitBounds:
         side = ""
         if lowest is not None and value < lowest - 1e-9:
             value, side = lowest, "below"
+        elif lowest is None and value < (learned := self._learned_lowest(label, value)):
+            value = learned  # said once, when NVML first refused (refused_below)
         if value > highest + 1e-9:  # last: never above the original, whatever else holds
             value, side = highest, "above"
         if side and (label, side) not in self._logged:
@@ -182,6 +196,51 @@ class PowerLimitBounds:
                 value,
             )
         return value
+
+    def _learned_lowest(self, label: str, unknown_w: float) -> float:
+        """The lowest limit a GPU whose constraints cannot be read is asked for: between
+        the highest NVML refused and the lowest it took (halving the gap at each write,
+        down to :data:`LEARNED_WITHIN_W`), ``unknown_w`` before any refusal."""
+        if label not in self._learned:
+            return unknown_w
+        refused_w, taken_w = self._learned[label]
+        if taken_w - refused_w <= LEARNED_WITHIN_W:
+            return taken_w
+        return (refused_w + taken_w) / 2.0
+
+    def taken(self, backend: PowerLimitBackend, value_w: float) -> None:
+        """NVML took ``value_w`` as ``backend``'s limit: where its lowest limit is being
+        learned, it lies at or below that."""
+        learned = self._learned.get(backend.label)
+        if learned is not None and value_w < learned[1]:
+            self._learned[backend.label] = (learned[0], value_w)
+
+    def refused_below(
+        self, backend: PowerLimitBackend, value_w: float, held_w: float, error: GpuError
+    ) -> bool:
+        """Whether NVML's refusal of ``value_w`` (``error``) says only that it is below the
+        lowest limit of a GPU whose constraints cannot be read (INVALID_ARGUMENT, below the
+        ``held_w`` it holds): then its share is kept above ``value_w`` from now on (one
+        line), and the cap holds; such a refusal dropped the cap for the whole run."""
+        label = backend.label
+        if self._read.get(label) is not None or error.code != NVML_ERROR_INVALID_ARGUMENT:
+            return False
+        refused_w, taken_w = self._learned.get(label, (0.0, held_w))
+        if not refused_w < value_w < taken_w:
+            return False  # it took as low a limit before: refused for another reason
+        if label not in self._learned:
+            log.warning(
+                "domain %s: GPU %s: NVML refused a power limit of %g W and its power limit "
+                "constraints cannot be read: taken as below the lowest limit it accepts, "
+                "which gpugov finds from NVML's answers (to %g W) and keeps the GPU's share "
+                "above (logged once)",
+                self.domain,
+                label,
+                value_w,
+                LEARNED_WITHIN_W,
+            )
+        self._learned[label] = (value_w, taken_w)
+        return True
 
     def implausible(self, value_w: float, backend: PowerLimitBackend) -> str | None:
         """Why ``value_w``, read as ``backend``'s power limit, is no limit it could have

@@ -851,3 +851,45 @@ def test_a_driver_gone_under_a_power_limit_call_ends_the_run_as_under_a_clock_wr
         assembled.close()
     assert "cannot be set" not in caplog.text
     assert "no NVIDIA driver on this machine" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("mins_w", "cap_w", "settled_w"),
+    [
+        ((200, 200), 300.0, (200, 200)),  # below what they accept together: each its lowest
+        ((300, 100), 500.0, (300, 200)),  # GPU 0's lowest clamps its share: GPU 1 takes less
+    ],
+)
+def test_a_gpu_whose_constraints_cannot_be_read_learns_its_lowest_limit_from_refusals(
+    fake_nvml: FakeNvml,
+    caplog: pytest.LogCaptureFixture,
+    mins_w: tuple[int, int],
+    cap_w: float,
+    settled_w: tuple[int, int],
+) -> None:
+    """Constraints that can never be read (NOT_SUPPORTED for good) left a GPU's lowest
+    limit unknown (0 W): its share went below it, NVML refused it (INVALID_ARGUMENT) and
+    the refusal dropped the domain's cap for the whole run. Such a refusal now tells where
+    the lowest limit lies: the share is kept above it, the cap holds, and the others take
+    the difference as they do under constraints read."""
+    fake_nvml.fail(
+        "nvmlDeviceGetPowerManagementLimitConstraints", fp.NVML_ERROR_NOT_SUPPORTED, None
+    )
+    for gpu, low in zip(fake_nvml.gpus, mins_w, strict=True):
+        gpu.power_limit_min_mw = low * 1000
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        for _ in range(40):
+            actuator.apply(cap_w)
+    assert actuator.refused is None
+    assert "not applied" not in caplog.text
+    for limit_mw, low, settled in zip(_limits_mw(fake_nvml), mins_w, settled_w, strict=True):
+        assert low * 1000 <= limit_mw <= settled * 1000 + 1_000  # within 1 W above its lowest
+    if cap_w >= sum(mins_w):
+        assert sum(_limits_mw(fake_nvml)) <= cap_w * 1000 + 1_000
+    learned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(learned) <= 2 and all("cannot be read" in line for line in learned)
+    writes = len(_cap_writes(fake_nvml))
+    actuator.apply(cap_w)  # settled: nothing more to write
+    assert len(_cap_writes(fake_nvml)) == writes
+    assert actuator.restore() == [] and _limits_mw(fake_nvml) == [700_000, 700_000]
