@@ -52,6 +52,7 @@ from gpugov.daemon.errors import (
     PermissionDenied,
     TransientGpuError,
 )
+from gpugov.daemon.exit_restore import PERMANENT_RESET_ERRORS, Outcome, retry_each
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ MAX_CLIENTS = 16
 SOCKET_MODE = 0o666
 """Anyone may connect; SO_PEERCRED decides who is served."""
 _TICK_S = 0.1
+STOP_RESET_ATTEMPTS = 5
+STOP_RESET_BACKOFF_S = 0.2
+"""The stop's resets: tries and first backoff, as ``gpugov run``'s exit (3 s of waits at
+most, well inside the unit's ``TimeoutStopSec=``)."""
 RESET_RETRY_S = 1.0
 """A reset that failed (a lease's end, the start) is tried again this often."""
 _ERRORS: tuple[tuple[type[GpuError], str], ...] = (
@@ -234,12 +239,30 @@ class ActuatorServer:
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ)
 
-    def close(self) -> list[str]:
-        """Reset every GPU, close every connection and the socket; the GPUs not reset."""
-        failed = []
-        for _label, gpu in self.gpus.items():
-            if gpu.held is not None or gpu.holder is not None or gpu.retry_reset_s is not None:
-                failed += self._reset(gpu, f"actuator stopping; held by pid {self._pid(gpu)}")
+    def close(self, sleep: Callable[[float], Any] = time.sleep) -> list[str]:
+        """Reset every GPU, close every connection and the socket; the GPUs not reset.
+        A reset failing for now is retried as ``gpugov run``'s exit retries it (5 tries,
+        backoff from 0.2 s): one NVML timeout left the GPU locked (exit 6)."""
+        whys = {
+            label: f"actuator stopping; held by pid {self._pid(gpu)}"
+            for label, gpu in self.gpus.items()
+            if gpu.held is not None or gpu.holder is not None or gpu.retry_reset_s is not None
+        }
+
+        def attempt(label: str, _attempt: int) -> Outcome:
+            error = self._reset(self.gpus[label], whys[label])
+            if error is None:
+                return "done"
+            return "failed" if isinstance(error, PERMANENT_RESET_ERRORS) else "retry"
+
+        failed, pending = retry_each(
+            list(whys),
+            attempt,
+            attempts=STOP_RESET_ATTEMPTS,
+            backoff_s=STOP_RESET_BACKOFF_S,
+            sleep=sleep,
+        )
+        failed = [label for label in self.gpus if label in failed or label in pending]
         for conn in list(self._connections.values()):
             self._drop(conn, reset=False)
         if self._listener is not None:
@@ -416,9 +439,10 @@ class ActuatorServer:
         if why:
             log.info("connection closed: %s", why)
 
-    def _reset(self, gpu: Gpu, why: str) -> list[str]:
-        """Reset ``gpu`` as its lease ended; a failure frees the GPU (no lease holds it)
-        and is retried every :data:`RESET_RETRY_S` until it succeeds or a lock replaces it."""
+    def _reset(self, gpu: Gpu, why: str) -> GpuError | None:
+        """Reset ``gpu`` as its lease ended; a failure (returned) frees the GPU (no lease
+        holds it) and is retried every :data:`RESET_RETRY_S` until it succeeds or a lock
+        replaces it."""
         label = gpu.backend.label
         gpu.holder = None
         try:
@@ -427,12 +451,12 @@ class ActuatorServer:
             if gpu.retry_reset_s is None:
                 log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
             gpu.retry_reset_s = self._clock() + RESET_RETRY_S
-            return [label]
+            return error
         if gpu.retry_reset_s is not None:
             log.warning("GPU %s: SM clock lock reset on a retry", label)
         gpu.held, gpu.retry_reset_s = None, None
         log.warning("GPU %s: SM clock lock reset: %s", label, why)
-        return []
+        return None
 
     # -------------------------------------------------------------------- requests
     def handle(self, conn: Connection, line: bytes) -> dict[str, Any]:

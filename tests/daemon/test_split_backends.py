@@ -882,3 +882,31 @@ def test_the_actuator_retries_a_gpu_open_that_times_out_once(
     retried = [r.getMessage() for r in caplog.records if "attempt 1 of 5" in r.getMessage()]
     assert len(retried) == 1 and "Timeout" in retried[0]
     assert nvml.calls[function] >= 2 and not socket_path.exists()
+
+
+def test_a_reset_failing_for_now_as_the_actuator_stops_is_retried(socket_path: Path) -> None:
+    """One NVML TIMEOUT on the reset at the actuator's stop left the GPU locked at the
+    governor's clock and the actuator exited 6, where ``gpugov run``'s exit retries it
+    (5 tries, backoff): the actuator's stop retries it the same way now. A GPU whose reset
+    is refused for good (lost) is not retried, and is still named."""
+    import os
+
+    nvml = FakeNvml(2)
+    served = Served(nvml, socket_path, str(os.getuid()))
+    client, gpus = _governor(nvml, socket_path)
+    try:
+        for gpu in gpus:
+            gpu.lock_clocks(1410, 1410)
+        nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=3)  # NVML_ERROR_TIMEOUT
+        served._stop.set()
+        served._thread.join(10)
+        waits: list[float] = []
+        assert served.server.close(sleep=waits.append) == []
+        assert [nvml.locked(i) for i in range(2)] == [None, None] and len(waits) == 2
+        served.server.gpus["1"].held = (1410, 1410)
+        nvml.lose(1)
+        assert served.server.close(sleep=waits.append) == ["1"] and len(waits) == 2
+    finally:
+        client.close()
+        for backend in served.backends:
+            backend.close()
