@@ -197,7 +197,7 @@ class ActuatorClient:
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:
             answer = json.loads(line)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
             self._disconnect()
             raise ActuatorUnavailable(f"actuator at {self.path}: answer is not JSON") from error
         if not isinstance(answer, dict):
@@ -385,7 +385,7 @@ def probe_actuator(path: str, timeout_s: float) -> str | None:
     line = answer.split(b"\n", 1)[0]
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         message = None
     if not isinstance(message, dict) or "ok" not in message:
         return (

@@ -135,3 +135,65 @@ def test_a_hello_answer_that_is_not_the_protocols_is_one_line_not_a_traceback(
     finally:
         client.close()
         other.stop()
+
+
+class _RawAnswers:
+    """A socket that answers each connection's first request line with ``answer``."""
+
+    def __init__(self, path: Path, answer: bytes) -> None:
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(4)
+        self._listener.settimeout(0.1)
+        self._answer = answer
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                peer, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with peer:
+                peer.settimeout(2.0)
+                try:
+                    peer.recv(4096)
+                    peer.sendall(self._answer)
+                    peer.recv(4096)  # until the peer closes
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+DEEP = b"[" * 20_000 + b"\n"
+"""A line of JSON nested deeper than Python's parser recurses (no answer of the protocol's)."""
+
+
+def test_an_answer_nested_too_deep_is_an_actuator_not_answering_not_a_traceback(
+    socket_path: Path,
+) -> None:
+    """An answer line of JSON nested deeper than the parser recurses (another program on
+    the socket, a corrupted answer) ended the governor's write path, and the liveness
+    probe, in a RecursionError traceback; it is an actuator not answering, in one line,
+    as an answer that is no JSON is."""
+    from gpugov.daemon.actuator_client import probe_actuator
+
+    other = _RawAnswers(socket_path, DEEP)
+    client = ActuatorClient(str(socket_path), timeout_s=2.0)
+    try:
+        with pytest.raises(ActuatorUnavailable, match="answer is not JSON"):
+            client.request({"op": "held"})
+        problem = client.check()
+        assert problem is not None and "answer is not JSON" in problem
+        assert probe_actuator(str(socket_path), 2.0) == (
+            "answered something else than the actuator protocol"
+        )
+    finally:
+        client.close()
+        other.stop()
