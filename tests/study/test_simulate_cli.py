@@ -413,7 +413,8 @@ def test_the_loops_warnings_in_simulate_are_the_clis_warning_lines(
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith("gpugov: warning: ") for line in err), err
     assert any(
-        line.startswith("gpugov: warning: mpc-online prior: GPU 'synthetic GPU") for line in err
+        line.startswith("gpugov: warning: mpc-online prior: GPU 'NVIDIA synthetic GPU")
+        for line in err
     ), err
 
 
