@@ -192,7 +192,7 @@ class ZeusdClient:
             return None
         try:
             return json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             return None
 
     def _failed(self, problem: str) -> None:

@@ -910,3 +910,35 @@ def test_a_reset_failing_for_now_as_the_actuator_stops_is_retried(socket_path: P
         client.close()
         for backend in served.backends:
             backend.close()
+
+
+def test_a_zeusd_answer_nested_too_deep_is_no_traceback() -> None:
+    """A 200 whose body is JSON nested deeper than the parser recurses (a proxy, another
+    program on the port) ended the clock write, and so the loop's tick, in a
+    RecursionError traceback; the body of a write's answer is not needed, and such a
+    body reads as none, as one that is no JSON does."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b"[" * 20_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+
+    def answer() -> None:
+        for _ in range(2):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(head + body)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    nvml = FakeNvml(1)
+    client = ZeusdClient(url=f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=2.0)
+    gpu = ZeusdBackend(NvmlBackend(0, nvml=nvml), client)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        assert client.call("GET", "/discover") is None and client.problem is None
+    finally:
+        gpu.close()
+        thread.join(5)
+        listener.close()
