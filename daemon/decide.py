@@ -261,7 +261,8 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     ``context.budget_guard`` in :class:`controllers.power_need.BudgetGuard` inside the
     chain. On a node (``context.time_mode == "wall"``) an outside controller (``external``)
     runs inside :class:`daemon.deadline.DecisionDeadline`: its call has a deadline
-    (:func:`decision_deadline_s`) on a worker thread. Every layer is named after the spec
+    (:func:`decision_deadline_s`) on a worker thread; in virtual time it makes its
+    warm-up decision here (:func:`warmed_when_built`). Every layer is named after the spec
     (:func:`spec_name`).
 
     Raises:
@@ -302,7 +303,21 @@ def build_controller(spec: ControllerConfig, context: ControllerContext) -> Cont
     for layer in layers(chain):
         if isinstance(layer, ControllerWrapper):
             layer.name = name
+    if warmed_when_built(spec, context):
+        try:
+            warm_up(chain, context.supported_clocks_mhz, thermal_limit_c=context.thermal_limit_c)
+        except Exception as error:  # as on a node: its decisions meet a failing controller
+            log.warning("controller %s: its warm-up decision raised %r", name, error)
     return chain
+
+
+def warmed_when_built(spec: ControllerConfig, context: ControllerContext) -> bool:
+    """Whether :func:`build_controller` makes the controller's warm-up decision itself (a
+    node's start makes it otherwise): an outside controller in virtual time (``simulate``,
+    every study, ``replay``, ``run --simulate --virtual``). Outside code may keep state in
+    its module, which the warm-up's copy shares; this way it sees the node's warm-up call
+    on every path, and decides the same clocks after it."""
+    return isinstance(spec, ExternalControllerConfig) and context.time_mode == "virtual"
 
 
 def decision_deadline_s(spec: ExternalControllerConfig, period_s: float) -> float:
@@ -839,4 +854,5 @@ __all__ = [
     "declared_spec",
     "planning_plant",
     "warm_up",
+    "warmed_when_built",
 ]

@@ -34,6 +34,7 @@ from gpugov.daemon.decide import (
     declared_spec,
     profile_fit_warnings,
     warm_up,
+    warmed_when_built,
 )
 from gpugov.daemon.domain import Domain, FailsafeMode
 from gpugov.daemon.engine_sources import ScrapedSource
@@ -371,8 +372,9 @@ def build_domain(
         for line in profile_fit_warnings(controller_spec, clocks, len(backends)):
             log.warning("domain %r: controller: %s", name, line)
     try:
-        warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
-        log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)
+        if not warmed_when_built(controller_spec, context):  # else build_controller did
+            warm_s = warm_up(controller, clocks, thermal_limit_c=thermal_limit_c)
+            log.debug("domain %s: controller warmed up in %.3f s", name, warm_s)
     except DecisionTimeout as error:  # an outside controller; the loop's ticks hold the fail-safe
         log.warning(
             "domain %s: the controller's warm-up decision did not return (%s); the first "

@@ -294,10 +294,12 @@ def test_a_close_that_raises_a_base_exception_is_one_failed_close(
 def test_the_controller_decides_on_its_own_copy_of_the_observation(governor: Any) -> None:
     context = ControllerContext(period_s=1.0, supported_clocks_mhz=CLOCKS, time_mode="virtual")
     chain = build_controller(parse_controller_spec("misbehaving_governor:vandal"), context)
+    # Built in virtual time, it made a node's warm-up decision (an idle node at 0 s).
+    assert governor.seen_time_s == [0.0]
     observation = _observation(7)
     assert chain(observation) == CLOCKS[0]
     assert observation.time_s == 7.0 and observation.decode_active == 2
-    assert governor.seen_time_s == [7.0]
+    assert governor.seen_time_s == [0.0, 7.0]
 
 
 # ------------------------------------------------------------------ on a node

@@ -6,6 +6,7 @@ kind, sees the same period, clocks, GPUs, SLOs, limits, forecasts and chain sett
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -157,3 +158,54 @@ def test_replay_gives_the_context_the_recorded_node_gave(
     for field in SHARED:
         assert getattr(replayed, field) == getattr(node, field), field
     assert replayed.gpu_uuids and replayed.gpu_uuids == node.gpu_uuids
+
+
+MODULE_STATE = """
+CALLS = [0]
+
+
+def make(context):
+    top = max(context.supported_clocks_mhz)
+
+    def decide(observation):
+        CALLS[0] += 1  # the module's state, which no copy of the function holds
+        return top
+
+    return decide
+"""
+
+
+def test_every_path_makes_the_warm_up_decision_a_node_makes(
+    module_on_path: Callable[[str, str], str],
+) -> None:
+    """A node makes one warm-up decision before its loop; an outside controller that keeps
+    its state in its module (a count, a cache) sees it there whatever is copied, so every
+    simulated path makes it too: ``simulate`` decided other clocks than ``run --simulate``
+    from the 50th decision of a controller switching every 50 calls."""
+    name = module_on_path("module_state_governor", MODULE_STATE)
+    spec = f"{name}:make"
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    workload = tuple(Request(i, 0.5 * i, 300, 20) for i in range(4))
+    calls: list[int] = importlib.import_module(name).CALLS
+
+    def made(build: Callable[[], Any]) -> int:
+        calls[0] = 0
+        build()
+        return calls[0]
+
+    node = made(
+        lambda: simulated_run(
+            workload, plant, parse_controller_spec(spec), VirtualClock(), virtual_time=True
+        ).finish()
+    )
+    assert node == 1
+    assert made(lambda: simulated_controller(spec, plant, workload, 1.0)) == node
+    assert (
+        made(
+            lambda: study_controller(
+                parse_controller_spec(spec), plant, workload, control_period_s=1.0
+            )
+        )
+        == node
+    )
+    assert made(lambda: node_controller(spec, plant, workload, 1.0, None)) == node
