@@ -300,6 +300,15 @@ class MPCProblem:
         return self.slo_margin * self.plant.profile.ttft_slo_s
 
     @property
+    def tpot_weight(self) -> float:
+        """The TPOT term's weight: none where the replies are of one token (a mean output of
+        at most one: classification, scoring), which have no second token and so no TPOT;
+        the fluid model still passes their one token through its decode batch, whose
+        mixed iterations would otherwise be priced against a TPOT SLO no request is
+        judged on, and hold the clock up for it."""
+        return self.weights.tpot if self.mean_output_tokens > 1.0 else 0.0
+
+    @property
     def tpot_target_s(self) -> float:
         """TPOT above which the cost is penalised: ``slo_margin`` times the SLO."""
         return self.slo_margin * self.plant.profile.tpot_slo_s
@@ -566,7 +575,7 @@ class MPCProblem:
         return float(
             weights.power * np.sum(predicted.normalized_power)
             + weights.ttft * np.sum(ttft_slack**2)
-            + weights.tpot * np.sum(tpot_slack**2)
+            + self.tpot_weight * np.sum(tpot_slack**2)
             + weights.clock_change * np.sum(changes**2)
             + weights.constraint * np.sum(power_slack**2 + thermal_slack**2)
             + terminal
@@ -672,7 +681,7 @@ class MPCProblem:
         return (
             weights.power * power_sum
             + weights.ttft * ttft_penalty
-            + weights.tpot * tpot_penalty
+            + self.tpot_weight * tpot_penalty
             + weights.clock_change * np.sum(changes**2, axis=1)
             + weights.constraint * limit_penalty
             + self.terminal_cost(prefill, decode)

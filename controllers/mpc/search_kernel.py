@@ -189,7 +189,7 @@ def problem_arrays(
     parameters[_P_TPOT_TARGET] = problem.tpot_target_s
     parameters[_P_W_POWER] = weights.power / maximum_power
     parameters[_P_W_TTFT] = weights.ttft / (ttft_scale * ttft_scale)
-    parameters[_P_W_TPOT] = weights.tpot / (tpot_scale * tpot_scale)
+    parameters[_P_W_TPOT] = problem.tpot_weight / (tpot_scale * tpot_scale)
     parameters[_P_W_CHANGE] = weights.clock_change
     parameters[_P_W_LIMIT] = weights.constraint
     parameters[_P_W_TERMINAL] = weights.terminal_backlog

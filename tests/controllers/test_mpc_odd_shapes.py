@@ -179,15 +179,14 @@ def test_batch_places_are_what_the_kv_cache_holds() -> None:
 
 
 def _controller(plant: ServingPlant, **options: Any) -> MPCController:
-    return MPCController(
-        plant,
-        horizon_s=5.0,
-        mean_prompt_tokens=1_000.0,
-        mean_output_tokens=200.0,
-        latency_model="iteration",
-        solver=DiscreteSearchSolver(),
-        **{**FAST_MPC_PRESET, **options},
-    )
+    defaults: dict[str, Any] = {
+        "horizon_s": 5.0,
+        "mean_prompt_tokens": 1_000.0,
+        "mean_output_tokens": 200.0,
+        "latency_model": "iteration",
+        "solver": DiscreteSearchSolver(),
+    }
+    return MPCController(plant, **{**defaults, **FAST_MPC_PRESET, **options})
 
 
 def test_the_decision_holds_the_top_clock_where_it_too_loses_the_ttft() -> None:
@@ -290,3 +289,23 @@ def test_a_wait_for_a_place_past_the_cap_at_the_top_clock_holds_the_top_clock() 
     queued = _observation(prefill_tokens=3_000.0, decode_active=8, generated=400.0)
     problem = tail.problem(queued, 2.0)
     assert problem.ttft_lost_at_top() and not problem.place_lost_at_top()
+
+
+def test_one_token_replies_put_no_weight_on_the_tpot_term() -> None:
+    """Replies of one token have no TPOT: a TPOT SLO tighter than any mixed iteration
+    prices no plan, in the model's costs and the kernel's alike; with two tokens it does."""
+    plant = ServingPlant.from_profile(synthetic_profile("low-idle"))
+    tight = replace(plant, profile=replace(plant.profile, tpot_slo_s=1e-4))
+    observation = _observation(prefill_tokens=3_000.0, decode_active=4, generated=4.0)
+    clocks = plant.profile.clock_mhz
+    for output, weighted in ((1.0, False), (2.0, True)):
+        costs = []
+        for board in (plant, tight):
+            controller = _controller(board, mean_output_tokens=output)
+            problem = controller.problem(observation, 2.0)
+            assert (problem.tpot_weight > 0.0) == weighted
+            plans = np.repeat(np.arange(clocks.size)[:, None], problem.horizon_steps, axis=1)
+            kernel = plan_costs(problem, plans)
+            assert kernel == pytest.approx(problem.costs(clocks[plans]), rel=1e-9)
+            costs.append(kernel)
+        assert (not np.allclose(costs[0], costs[1])) == weighted

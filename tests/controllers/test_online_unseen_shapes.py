@@ -19,7 +19,7 @@ import pytest
 from synthetic import scoreboard_run
 
 from gpugov.controllers.budget import SLOTarget
-from gpugov.controllers.oracles import SLO_TOLERANCE, holds_slo
+from gpugov.controllers.oracles import SLO_TOLERANCE, best_fixed_clock, holds_slo
 from gpugov.daemon.controller_config import (
     MaxControllerConfig,
     OnlineMPCControllerConfig,
@@ -27,6 +27,7 @@ from gpugov.daemon.controller_config import (
 from gpugov.plant import ServingPlant
 from gpugov.plant.synthetic_profiles import (
     BASE,
+    REFERENCE_BATCH,
     SHAPES,
     random_shape,
     shape_profile,
@@ -152,3 +153,52 @@ def test_where_its_model_prices_the_next_prompt_past_the_cap_at_every_clock_it_h
     assert a_top is not None and a_online is not None
     assert holds_slo(a_online, a_top), (100 * a_online, 100 * a_top)
     assert online.metrics.energy_j < top.metrics.energy_j
+
+
+def test_one_token_replies_are_not_held_to_a_tpot_they_do_not_have() -> None:
+    """Replies of one token (classification, scoring) have no second token and so no
+    TPOT; a TP 4 board of three clocks whose TPOT SLO is 1.1 times the top clock's
+    iteration, serving only such replies: the MPC priced the mixed iterations its fluid
+    decode batch passed their one token through against that SLO and held the top clock
+    (0.0 % saved, where 1,500 MHz holds every SLO for 27.5 % less energy). It now keeps
+    at least half the best fixed clock's saving."""
+    decode = 16_000.0
+    shape = replace(
+        BASE,
+        name="one-token",
+        description="three clocks, TP 4, a tight TPOT SLO",
+        clock_min_mhz=1_500.0,
+        clock_max_mhz=2_500.0,
+        clock_step_mhz=500.0,
+        tensor_parallel=4,
+        prefill_tokens_per_s=62_000.0,
+        prefill_exponent=0.27,
+        decode_tokens_per_s=decode,
+        decode_flat_fraction=0.43,
+        idle_min_w=50.0,
+        idle_max_w=60.0,
+        power_limit_w=460.0,
+        ttft_slo_s=1.5,
+        tpot_slo_s=1.1 * REFERENCE_BATCH / decode,
+        kv_capacity_tokens=160_000,
+    )
+    plant = ServingPlant.from_profile(shape_profile(shape))
+    rng = np.random.default_rng(0)
+    arrivals: list[Request] = []
+    clock = rng.exponential(1.0 / 14.0)
+    while clock < 90.0:
+        arrivals.append(Request(len(arrivals), float(clock), int(rng.integers(200, 2_000)), 1))
+        clock += rng.exponential(1.0 / 14.0)
+    requests = tuple(arrivals)
+    target = SLOTarget(attainment=1.0 - SLO_TOLERANCE, window_s=90.0)
+    top = scoreboard_run(plant, requests, MaxControllerConfig(kind="max"), 1.0, view="vllm")
+    spec = OnlineMPCControllerConfig(kind="mpc-online")
+    online = scoreboard_run(plant, requests, spec, ONLINE_PERIOD_S, target, view="vllm")
+    best = best_fixed_clock(requests, plant, reference=top, seed=0)
+    a_top, a_online = top.metrics.slo_attainment, online.metrics.slo_attainment
+    assert a_top is not None and a_online is not None
+    assert holds_slo(a_online, a_top), (100 * a_online, 100 * a_top)
+    best_saving = 1.0 - best.result.metrics.energy_j / top.metrics.energy_j
+    saving = 1.0 - online.metrics.energy_j / top.metrics.energy_j
+    assert best_saving > 0.1  # the board has a saving to take
+    assert saving >= 0.5 * best_saving, (saving, best_saving)
