@@ -362,6 +362,32 @@ def connect_any(
     raise error if error is not None else OSError("the name has no address")
 
 
+def resolved_connection(
+    resolve: Resolver, scheme: str, host: str, port: int, timeout_s: float
+) -> http.client.HTTPConnection:
+    """A new HTTP(S) connection to ``host``, its name looked up by ``resolve`` within
+    ``timeout_s`` (the system's lookup has no deadline; the engine scrape, zeusd's client).
+
+    Raises:
+        ResolveTimeout, OSError: as :class:`Resolver` does.
+    """
+    addresses = resolve(host, port, timeout_s)
+    connection: http.client.HTTPConnection
+    if scheme == "https":
+        connection = http.client.HTTPSConnection(host, port, timeout=timeout_s)
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    if addresses is not None:
+        # Connect to what was looked up: the connection would look the name up again,
+        # with no deadline.
+        connection._create_connection = (  # type: ignore[attr-defined]
+            lambda address, timeout=None, source=None: connect_any(
+                addresses, address, timeout, source
+            )
+        )
+    return connection
+
+
 class KeepAliveFetcher:
     """GET over one persistent HTTP/1.1 connection per host, reopened when it fails.
 
@@ -385,22 +411,7 @@ class KeepAliveFetcher:
         Raises:
             ResolveTimeout, OSError: as :class:`Resolver` does.
         """
-        scheme, host, port = key
-        addresses = self._resolve(host, port, timeout_s)
-        connection: http.client.HTTPConnection
-        if scheme == "https":
-            connection = http.client.HTTPSConnection(host, port, timeout=timeout_s)
-        else:
-            connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
-        if addresses is not None:
-            # Connect to what was looked up: the connection would look the name up again,
-            # with no deadline.
-            connection._create_connection = (  # type: ignore[attr-defined]
-                lambda address, timeout=None, source=None: connect_any(
-                    addresses, address, timeout, source
-                )
-            )
-        return connection
+        return resolved_connection(self._resolve, *key, timeout_s)
 
     def __call__(self, url: str, timeout_s: float) -> str:
         parts = urllib.parse.urlsplit(url)

@@ -38,7 +38,7 @@ from gpugov.daemon.errors import (
     printable,
 )
 from gpugov.daemon.files import InputFileError, read_input_text
-from gpugov.daemon.scrape import ExchangeDeadline
+from gpugov.daemon.scrape import ExchangeDeadline, Resolver, resolved_connection
 
 MAX_BODY_BYTES = 64 * 1024
 PROBE_EVERY_S = 1.0
@@ -95,6 +95,9 @@ class ZeusdClient:
         self.problem: str | None = None
         self.failures = 0
         self._probed_s = -1e9
+        self._resolve = Resolver()
+        """zeusd's host name (``url``) looked up within ``timeout_s``: the system's lookup
+        has no deadline, and a DNS server that does not answer held each request."""
 
     @classmethod
     def from_config(cls, section: Any) -> ZeusdClient:
@@ -132,13 +135,17 @@ class ZeusdClient:
         return self.socket_path or str(self.url)
 
     def _connection(self) -> http.client.HTTPConnection:
-        """A fresh connection to zeusd (Unix socket or TCP)."""
+        """A fresh connection to zeusd (Unix socket or TCP, its host name looked up within
+        ``timeout_s``).
+
+        Raises:
+            ResolveTimeout, OSError: the name's lookup did not answer in time, or failed.
+        """
         if self.socket_path is not None:
             return _UnixConnection(self.socket_path, self.timeout_s)
         parts = urllib.parse.urlsplit(str(self.url))
-        return http.client.HTTPConnection(
-            parts.hostname or "127.0.0.1", parts.port, timeout=self.timeout_s
-        )
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        return resolved_connection(self._resolve, "http", host, port, self.timeout_s)
 
     def call(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
         """One request; the decoded JSON body (None when empty).
@@ -150,7 +157,11 @@ class ZeusdClient:
         """
         target = path + ("?" + urllib.parse.urlencode(params) if params else "")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        connection = self._connection()
+        try:
+            connection = self._connection()
+        except OSError as error:  # its name did not resolve (in time)
+            self._failed(f"zeusd at {self.where} unreachable: {error}")
+            raise ZeusdUnavailable(str(self.problem)) from error
         # One deadline for the whole exchange: the socket's timeout bounds each read, and a
         # zeusd that answers a byte now and then held the call (the loop's probe) for as
         # long as it trickled.

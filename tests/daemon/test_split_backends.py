@@ -32,7 +32,7 @@ from gpugov.daemon.errors import (
     TransientGpuError,
 )
 from gpugov.daemon.nvml import NvmlBackend
-from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
+from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient, ZeusdUnavailable
 
 FORBIDDEN_IMPORTS = (
     "http",
@@ -942,3 +942,45 @@ def test_a_zeusd_answer_nested_too_deep_is_no_traceback() -> None:
         gpu.close()
         thread.join(5)
         listener.close()
+
+
+def test_a_zeusd_name_whose_lookup_hangs_costs_one_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """zeusd at http://NAME:PORT: its name was looked up with no deadline (the exchange's
+    timer cannot cut a lookup), so a DNS server that does not answer held each write, and
+    the loop's once-a-second probe of a failed zeusd on its own thread, for the resolver's
+    5 s per try and search domain. The lookup is bounded by ``timeout_s`` now, as the
+    engine scrape's is, and a name that answers is connected to as looked up."""
+    import socket
+    import time
+
+    import gpugov.daemon.scrape as scrape
+
+    zeusd = FakeZeusd()
+    port = int(zeusd.url.rsplit(":", 1)[1])
+    answer = threading.Event()
+    lookups: list[str] = []
+    real = socket.getaddrinfo
+
+    def hung_dns(host: str, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        assert answer.wait(30), "the test never answered the lookup"
+        return real("127.0.0.1", *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scrape.socket, "getaddrinfo", hung_dns)
+    client = ZeusdClient(url=f"http://zeusd.node.svc.cluster.local:{port}", timeout_s=0.1)
+    try:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(ZeusdUnavailable, match=r"cannot resolve zeusd\.node"):
+                client.call("GET", "/discover")
+            assert time.monotonic() - started < 5.0  # not the lookup's hang
+        assert lookups == ["zeusd.node.svc.cluster.local"]  # one lookup, not two
+        answer.set()
+        client.timeout_s = 5.0
+        client.call("GET", "/discover")
+        assert client.problem is None
+    finally:
+        answer.set()
+        zeusd.close()
