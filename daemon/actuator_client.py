@@ -396,18 +396,32 @@ def probe_actuator(path: str, timeout_s: float) -> str | None:
     return None
 
 
+def _bind_problem(path: str) -> str | None:
+    """Why no socket can be made at the free ``path`` (a read-only directory, /proc), or
+    None: a socket bound there once, and removed."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as trial:
+        try:
+            trial.bind(path)
+        except OSError as error:
+            return f"cannot make a socket there: {error.strerror or error}"
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return None
+
+
 def socket_path_taken(path: str, timeout_s: float = 1.0) -> str | None:
     """Why the actuator cannot serve ``path``, checked before it opens a GPU: no such
-    directory, another kind of file there (never replaced), or another actuator answering
-    on it (a second one reset every GPU the first's governor held, then took its socket);
-    None when the path is free or a stale socket a dead actuator left."""
+    directory, one no socket can be made in (it reset every GPU, then failed to bind),
+    another kind of file there (never replaced), or another actuator answering on it (a
+    second one reset every GPU the first's governor held, then took its socket); None
+    when the path is free or a stale socket a dead actuator left."""
     directory = os.path.dirname(path) or "/"
     if not os.path.isdir(directory):
         return f"no such directory {directory}"
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return None
+        return _bind_problem(path)
     except OSError as error:
         return f"cannot use it: {error.strerror or error}"
     if not stat.S_ISSOCK(mode):

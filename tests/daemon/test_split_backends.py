@@ -984,3 +984,26 @@ def test_a_zeusd_name_whose_lookup_hangs_costs_one_timeout(
     finally:
         answer.set()
         zeusd.close()
+
+
+def test_a_socket_path_the_actuator_cannot_create_is_one_line_before_any_gpu_is_reset(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """A --socket in a directory no socket can be made in (read-only, /proc): the actuator
+    opened and reset every GPU, then failed to bind ('cannot serve: No such file or
+    directory', exit 2). It is one line now, before any GPU is opened, as a missing
+    directory or a taken socket is."""
+    import os
+
+    import gpugov.daemon.nvml as nvml_module
+    from gpugov.cli import main
+
+    nvml = FakeNvml(1)
+    monkeypatch.setattr(nvml_module, "load_pynvml", lambda: nvml)
+    argv = ["actuator", "--gpus", "0", "--allow", str(os.getuid())]
+    assert main([*argv, "--socket", "/proc/gpugov-actuator.sock"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--socket /proc/gpugov-actuator.sock: " in err, err
+    assert "cannot make a socket there" in err
+    assert nvml.calls.get("nvmlInit", 0) == 0 and nvml.writes == []
+    assert not os.path.exists("/proc/gpugov-actuator.sock")
