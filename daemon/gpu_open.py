@@ -8,7 +8,6 @@ and ``profile`` open their GPUs through :func:`open_backend` too.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +34,6 @@ from gpugov.daemon.nvidia_smi import NvidiaSmiBackend
 from gpugov.daemon.nvml import NvmlBackend
 from gpugov.daemon.start_retry import START_ATTEMPTS, retry_transient
 from gpugov.plant.types import PowerCapping
-
-log = logging.getLogger("gpugov.daemon.service")
-"""The start's lines keep the logger name they were logged under (an operator's filters)."""
 
 GPU_OPEN_DEADLINE_S = 20.0
 """The longest one call opening a configured GPU at the start may take (nvmlInit, the
