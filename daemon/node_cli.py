@@ -74,7 +74,8 @@ from gpugov.daemon.loop import stop_on_signals as _stop_on_signals
 from gpugov.daemon.node_support import exit_code, gpu_lost_line, guarded
 from gpugov.daemon.nvml import load_pynvml
 from gpugov.daemon.reconcile import reset_left_locks
-from gpugov.daemon.record import Recorder, read_recording
+from gpugov.daemon.record import Recorder
+from gpugov.daemon.record_reader import read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.reset_clocks import cmd_reset_clocks
 from gpugov.daemon.run_simulated import DEFAULT_CONTROLLER, DEFAULT_SPEED, run_simulated
@@ -586,7 +587,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--seed",
         type=cli_types.seed,
         default=0,
-        help="--simulate: seed of the plant's noise (default 0)",
+        help="--simulate: seed of the latency noise (default 0)",
+    )
+    run_parser.add_argument(
+        "--latency-noise",
+        type=cli_types.latency_noise,
+        default=0.0,
+        metavar="CV",
+        help="--simulate: coefficient of variation of iteration-time jitter, seeded by "
+        "--seed (default 0: none), as simulate's",
     )
     run_parser.add_argument(
         "--metrics-address",

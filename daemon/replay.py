@@ -29,8 +29,8 @@ from gpugov.daemon.decide import (
     profile_fit_warnings,
 )
 from gpugov.daemon.progress import Progress
-from gpugov.daemon.record import (
-    RecordingError,
+from gpugov.daemon.record import RecordingError
+from gpugov.daemon.record_reader import (
     check_header,
     check_ticks,
     observation_from_dict,
@@ -278,7 +278,7 @@ def checked_header(
     path: str | Path, header: dict[str, Any]
 ) -> tuple[float, dict[str, dict[str, Any]]]:
     """The header's period and its domains by name, each checked for what replay reads
-    (:func:`gpugov.daemon.record.check_header`, which plot shares).
+    (:func:`gpugov.daemon.record_reader.check_header`, which plot shares).
 
     Raises:
         RecordingError: a field of the wrong kind, named.

@@ -49,7 +49,8 @@ def run_plot(args: argparse.Namespace) -> int:
     from gpugov.daemon.cli_outputs import check_output_file
     from gpugov.daemon.cli_support import UsageError, warn
     from gpugov.daemon.progress import Progress
-    from gpugov.daemon.record import RecordingError, read_recording
+    from gpugov.daemon.record import RecordingError
+    from gpugov.daemon.record_reader import read_recording
     from gpugov.study.plots import check_image_format, pyplot
 
     source = Path(args.file)
@@ -140,10 +141,11 @@ def _ticks_of(rows: list[Any], domain: str) -> int:
 
 def checked_header(source: Path, header: dict[str, Any]) -> dict[str, str | None]:
     """Each domain's recorded controller (None: not recorded) by name; a header replay
-    refuses (:func:`gpugov.daemon.record.check_header`, the one check both share) is a
+    refuses (:func:`gpugov.daemon.record_reader.check_header`, the one check both share) is a
     :class:`UsageError` naming the field."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.record import RecordingError, check_header
+    from gpugov.daemon.record import RecordingError
+    from gpugov.daemon.record_reader import check_header
 
     try:
         _, domains = check_header(source, header)
@@ -156,10 +158,11 @@ def checked_ticks(
     source: Path, rows: list[Any], domains: dict[str, Any], progress: Progress | None = None
 ) -> None:
     """Refuse (:class:`UsageError`, ``FILE:LINE:`` and the field) a tick replay would
-    refuse (:func:`gpugov.daemon.record.check_ticks`, shared), or a plotted number
+    refuse (:func:`gpugov.daemon.record_reader.check_ticks`, shared), or a plotted number
     :func:`_check_plottable` refuses; ``progress`` counts the ticks checked."""
     from gpugov.daemon.cli_support import UsageError
-    from gpugov.daemon.record import RecordingError, check_ticks
+    from gpugov.daemon.record import RecordingError
+    from gpugov.daemon.record_reader import check_ticks
 
     checked = 0
 

@@ -18,7 +18,8 @@ from gpugov.daemon.controller_config import FixedControllerConfig, ReactiveContr
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import TimedLoop, VirtualClock, run
-from gpugov.daemon.record import Recorder, read_recording
+from gpugov.daemon.record import Recorder
+from gpugov.daemon.record_reader import read_recording
 from gpugov.daemon.replay import replay
 from gpugov.daemon.service import SimulatedRun, simulated_run
 from gpugov.daemon.simulated import node_view

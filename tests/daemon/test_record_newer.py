@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpugov import __version__
-from gpugov.daemon.record import RecordingError, check_header, read_recording
+from gpugov.daemon.record import RecordingError
+from gpugov.daemon.record_reader import check_header, read_recording
 
 HEADER = {
     "format": "gpugov-record-v1",

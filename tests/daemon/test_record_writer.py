@@ -27,7 +27,8 @@ from gpugov.daemon.controller_config import FixedControllerConfig
 from gpugov.daemon.domain import TickRecord
 from gpugov.daemon.exporter import Exporter
 from gpugov.daemon.loop import RunStats, TimedLoop, VirtualClock, run
-from gpugov.daemon.record import Recorder, check_recording, read_recording
+from gpugov.daemon.record import Recorder
+from gpugov.daemon.record_reader import check_recording, read_recording
 from gpugov.daemon.replay import replay
 
 

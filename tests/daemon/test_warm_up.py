@@ -18,7 +18,7 @@ import gpugov.daemon.node_cli as node_cli
 import gpugov.daemon.run_simulated as run_simulated
 from gpugov.daemon.decide import warm_up
 from gpugov.daemon.loop import ScaledClock
-from gpugov.daemon.record import read_recording
+from gpugov.daemon.record_reader import read_recording
 from gpugov.plant.types import ServingObservation
 
 COMPILE_S = 15.0

@@ -12,7 +12,7 @@ import pytest
 
 from gpugov.cli import main
 from gpugov.daemon.limits import MAX_CLOCK_MHZ
-from gpugov.daemon.record import read_recording
+from gpugov.daemon.record_reader import read_recording
 from gpugov.study.plot_cli import MIN_SLO_S, PLOT_LIMIT
 from gpugov.study.plots import series_from_recording
 
@@ -523,12 +523,12 @@ def test_plot_refuses_its_out_before_reading_the_recording(
 ) -> None:
     """--out was checked only after the whole recording was read and checked (a minute for
     a day's recording): a missing folder or a .txt name is refused before any reading."""
-    from gpugov.daemon import record
+    from gpugov.daemon import record_reader
 
     def unread(*args: object, **kwargs: object) -> None:
         raise AssertionError("the recording was read")
 
-    monkeypatch.setattr(record, "read_recording", unread)
+    monkeypatch.setattr(record_reader, "read_recording", unread)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.png").mkdir()
     assert main(["plot", str(recording), "--out", out]) == 2
