@@ -5,8 +5,10 @@ one a GPU could have (:class:`~daemon.power_limit.PowerLimitActuator` applies th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import numbers
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -59,13 +61,14 @@ class PowerLimitBounds:
 
     def request(self, cap_w: object) -> float | None:
         """The controller's cap as domain watts, or None (the board limit): a value that
-        is no finite positive number is logged once and taken as None (never a cap)."""
+        is no finite positive number (text, a bool, NaN, too large for a float) is logged
+        once and taken as None (never a cap)."""
         if cap_w is None:
             return None
-        try:
-            value = float(cap_w)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            value = math.nan
+        value = math.nan  # text and True were read as watts; 10**400 raised OverflowError
+        if isinstance(cap_w, numbers.Real) and not isinstance(cap_w, bool):
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                value = float(cap_w)
         if math.isfinite(value) and value > 0.0:
             return value
         if not self._bad_request_logged:

@@ -893,3 +893,20 @@ def test_a_gpu_whose_constraints_cannot_be_read_learns_its_lowest_limit_from_ref
     actuator.apply(cap_w)  # settled: nothing more to write
     assert len(_cap_writes(fake_nvml)) == writes
     assert actuator.restore() == [] and _limits_mw(fake_nvml) == [700_000, 700_000]
+
+
+@pytest.mark.parametrize("asked", [10**400, -(10**400), float("nan"), float("inf"), "300", True])
+def test_a_cap_that_is_no_number_of_watts_is_one_line_and_no_cap(
+    fake_nvml: FakeNvml, caplog: pytest.LogCaptureFixture, asked: object
+) -> None:
+    """A controller's power cap that is no finite positive number of watts (an outside
+    controller's own value): an integer too large for a float raised OverflowError out of
+    the tick, text and True were read as 300 W and 1 W. Each is one line, once, and the
+    GPUs keep their own limits."""
+    actuator = PowerLimitActuator(_backends(fake_nvml), domain="d")
+    with caplog.at_level(logging.WARNING, logger="gpugov.daemon.power_limit"):
+        for _ in range(3):
+            assert actuator.apply(asked) == 0  # type: ignore[arg-type]
+    assert _cap_writes(fake_nvml) == [] and actuator.requested_w is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "not a positive number of watts" in lines[0]
