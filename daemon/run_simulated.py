@@ -140,7 +140,7 @@ def run_simulated(args: argparse.Namespace) -> int:
     )
     if not workload:
         raise UsageError(f"--trace {trace}: the selected window holds no requests")
-    plant = ServingPlant.from_profile(profile)
+    plant = ServingPlant.from_profile(profile, latency_noise_cv=args.latency_noise)
     check_workload_fits(workload, plant, trace)
     stop = StopEvent()
     if args.virtual:

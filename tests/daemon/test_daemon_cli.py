@@ -1785,3 +1785,28 @@ def test_run_simulate_says_the_chain_and_view_its_controller_runs_in(
         "controller reactive every 1 s, SLO target 99%, dwell 2 s, clock floor 900 MHz, "
         "vllm engine view, virtual time"
     ) in capsys.readouterr().out
+
+
+def test_run_simulate_takes_simulates_latency_noise_seeded_by_its_seed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--latency-noise`` jitters the simulated node's iterations as ``simulate``'s does,
+    seeded by ``--seed``: each seed gives the figures ``simulate`` gives with it, and two
+    seeds differ. ``--seed`` took no noise to seed (``run --simulate`` had no
+    ``--latency-noise``), so every seed ran the same run."""
+    from gpugov.cli import main
+
+    common = ["--virtual", "--duration", "20", "--quiet", "--controller", "reactive"]
+    figures = []
+    for seed in ("0", "7"):
+        noise = ["--latency-noise", "0.2", "--seed", seed]
+        assert (
+            node_cli.main(["run", "--simulate", *common, *noise, "--metrics-address", "none"]) == 0
+        )
+        node = capsys.readouterr().out.splitlines()
+        assert main(["simulate", *common[1:], *noise]) == 0
+        study = capsys.readouterr().out.splitlines()
+        table = [line for line in node if line.startswith("  ") and "daemon:" not in line]
+        assert table and all(line in study for line in table[:10]), (table, study)
+        figures.append(table[:10])
+    assert figures[0] != figures[1]
