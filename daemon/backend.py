@@ -334,7 +334,7 @@ class ReadThroughBackend:
         """The reader's slowdown temperature (a read, as the nvml mode's): not passed on, a
         domain's thermal limit above it was held in the split mode."""
         read = getattr(self._reader, "slowdown_temperature_c", None)
-        return None if read is None else read()  # type: ignore[no-any-return]
+        return None if read is None else read()
 
     def _check_write(self, min_mhz: int | None = None, max_mhz: int | None = None) -> None:
         """Refuse a write on a closed backend, and a lock whose minimum is above its
