@@ -161,11 +161,11 @@ def open_split_backend(
                 str(section.socket), lease_s=section.lease_s, timeout_s=section.timeout_s
             )
             return ActuatorBackend(reader, client)
-        from gpugov.daemon.zeusd import ZeusdBackend, ZeusdClient
+        from gpugov.daemon.zeusd import ZeusdBackend, shared_zeusd_client
 
         if daemon.zeusd is None:
             raise ConfigError('backend = "zeusd" needs a [daemon.zeusd] table with socket or url')
-        return ZeusdBackend(reader, ZeusdClient.from_config(daemon.zeusd))
+        return ZeusdBackend(reader, shared_zeusd_client(daemon.zeusd))
     except BaseException:
         reader.close()
         raise

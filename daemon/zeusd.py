@@ -94,6 +94,8 @@ class ZeusdClient:
         self._clock = clock
         self.problem: str | None = None
         self.failures = 0
+        self.users = 0
+        """The GPUs sharing this client (:func:`shared_zeusd_client`)."""
         self._probed_s = -1e9
         self._resolve = Resolver()
         """zeusd's host name (``url``) looked up within ``timeout_s``: the system's lookup
@@ -224,12 +226,47 @@ class ZeusdClient:
         return self.problem
 
 
+_CLIENTS: dict[tuple[str | None, str | None, str | None, float], ZeusdClient] = {}
+
+
+def shared_zeusd_client(section: Any) -> ZeusdClient:
+    """The process's one client for the zeusd ``section`` names (its address, token and
+    timeout), counted per user; :meth:`ZeusdBackend.close` releases it. Each GPU had its
+    own, and each probed a failed zeusd once a second on the loop's thread: a zeusd that
+    answers slowly cost each second ``timeout_s`` times the GPUs.
+
+    Raises:
+        GpuUnavailable: the token file cannot be read.
+    """
+    fresh = ZeusdClient.from_config(section)
+    key = (fresh.socket_path, fresh.url, fresh.token, fresh.timeout_s)
+    client = _CLIENTS.setdefault(key, fresh)
+    client.users += 1
+    return client
+
+
+def release_zeusd_client(client: ZeusdClient) -> None:
+    """One user fewer; the last one drops the shared client."""
+    client.users -= 1
+    if client.users <= 0:
+        for key, shared in list(_CLIENTS.items()):
+            if shared is client:
+                del _CLIENTS[key]
+
+
 class ZeusdBackend(ReadThroughBackend):
     """One GPU: read through ``reader`` (NVML), written through zeusd by its NVML index."""
 
-    def __init__(self, reader: GpuBackend, client: ZeusdClient) -> None:
+    def __init__(
+        self,
+        reader: GpuBackend,
+        client: ZeusdClient,
+        *,
+        release: Callable[[ZeusdClient], None] = release_zeusd_client,
+    ) -> None:
         super().__init__(reader)
         self._client = client
+        self._release = release
         self._index = str(getattr(reader, "index", reader.label))
 
     @property
@@ -260,7 +297,8 @@ class ZeusdBackend(ReadThroughBackend):
         self._write("/gpu/reset_gpu_locked_clocks", {}, "reset clocks")
 
     def close(self) -> None:
-        """Close the reader (idempotent)."""
+        """Close the reader and release the shared client (idempotent)."""
         if not self._closed:
             self._closed = True
             self._reader.close()
+            self._release(self._client)

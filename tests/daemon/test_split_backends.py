@@ -1007,3 +1007,31 @@ def test_a_socket_path_the_actuator_cannot_create_is_one_line_before_any_gpu_is_
     assert "cannot make a socket there" in err
     assert nvml.calls.get("nvmlInit", 0) == 0 and nvml.writes == []
     assert not os.path.exists("/proc/gpugov-actuator.sock")
+
+
+def test_a_failed_zeusd_is_probed_once_a_second_for_all_its_gpus() -> None:
+    """Each GPU of a zeusd domain had a client of its own, and each probed a failed zeusd
+    once a second on the loop's thread: a zeusd that answers slowly (or not: up to
+    ``timeout_s`` a probe) cost the loop that many times the GPUs each second (8 GPUs at
+    0.25 s: 2 s). The node's GPUs share one client per zeusd now, as the actuator's
+    GPUs share one connection: one probe a second in all, one failure count."""
+    from gpugov.daemon.gpu_open import open_split_backend
+
+    zeusd = FakeZeusd()
+    zeusd.status = 503  # failing for now: every request a 5xx
+    config = parse_config(
+        _config(f'backend = "zeusd"\nzeusd = {{ url = "{zeusd.url}", timeout_s = 0.5 }}')
+    )
+    nvml = FakeNvml(4)
+    gpus = [open_split_backend(i, "zeusd", config.daemon, nvml=nvml) for i in range(4)]
+    try:
+        with pytest.raises(ZeusdUnavailable):
+            gpus[0].lock_clocks(1410, 1410)
+        zeusd.calls.clear()
+        problems = [gpu.write_path_problem() for gpu in gpus]  # one tick, within a second
+        assert all(problem is not None and "HTTP 503" in problem for problem in problems)
+        assert [call[1] for call in zeusd.calls] == ["/discover"]
+    finally:
+        for gpu in gpus:
+            gpu.close()
+        zeusd.close()
