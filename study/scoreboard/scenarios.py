@@ -129,10 +129,17 @@ class BenchConfig:
         ``tolerance`` (one number for both): ``1 - tolerance`` of the requests over the
         scenario's ``duration_s``, the whole window the condition judges. Where the
         maximum clock attains 100 % this is the condition itself; where it attains less
-        the target is stricter than the condition. None with no tolerance."""
+        the target is stricter than the condition. The window spans at least
+        ``SLO_WINDOW_PERIODS`` of the board's longest control period, as a config's
+        ``slo_target.window_s`` must: a shorter scenario's window outlasts it, so the
+        budget still counts every request. None with no tolerance."""
+        from gpugov.daemon.config import SLO_WINDOW_PERIODS
+
         if not self.tolerance > 0.0:
             return None
-        return SLOTarget(attainment=1.0 - self.tolerance, window_s=self.duration_s)
+        longest = max(self.control_period_s, self.fast_mpc_period_s, self.online_period_s)
+        window = max(self.duration_s, SLO_WINDOW_PERIODS * longest)
+        return SLOTarget(attainment=1.0 - self.tolerance, window_s=window)
 
     @property
     def oracle_search(self) -> dict[str, Any]:

@@ -332,3 +332,22 @@ def test_the_warm_up_is_half_a_short_scenarios_own_length(tmp_path: Path) -> Non
     by_key = {row["controller"]: row for row in out["rows"]}
     assert by_key["max"]["oracle_capture_after_warmup"] == pytest.approx(0.0)
     assert by_key["window-oracle"]["oracle_capture_after_warmup"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("duration_s", [5.0, 8.0, 15.0, 600.0])
+def test_the_boards_slo_target_is_one_a_node_takes(duration_s: float) -> None:
+    """Every controller on the board spends an SLO target whose window spans at least 12
+    of its control periods, as a config's ``slo_target.window_s`` must (the studies refuse
+    any other): a short board's window was its duration (5 s at a 1 s period), a target a
+    node refuses. Where the duration is shorter the window outlasts the scenario, so the
+    budget counts every request, as the SLO condition does."""
+    from gpugov.daemon.config import SLO_WINDOW_PERIODS, SLOTargetConfig
+    from gpugov.study.scoreboard.scenarios import BenchConfig
+
+    config = BenchConfig(duration_s=duration_s)
+    target = config.slo_target
+    assert target is not None
+    longest = max(config.control_period_s, config.fast_mpc_period_s, config.online_period_s)
+    assert target.window_s >= SLO_WINDOW_PERIODS * longest
+    assert target.window_s == max(duration_s, SLO_WINDOW_PERIODS * longest)
+    SLOTargetConfig(attainment=target.attainment, window_s=target.window_s)

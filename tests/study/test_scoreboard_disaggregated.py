@@ -137,7 +137,7 @@ def test_bench_controllers_layout_disaggregated(tmp_path: Path) -> None:
     assert (
         "(the node's factory and safety chain: dwell 0.25 s, no clock floor; decided every "
         "0.25 s (default-dvfs, voltana, mpc-online), 1 s (max, reactive); an SLO target of "
-        "99 % over 8 s) and observes the 'exact' engine view"
+        "99 % over 12 s) and observes the 'exact' engine view"
     ) in table
     assert "wrote" in stdout.getvalue()
     # Progress with an ETA, one line per scenario (two layouts x the tiny board's loads).
