@@ -214,7 +214,7 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.burst_guard = bool(burst_guard)
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
-        self._prefill_pressures: deque[tuple[float, float, float]] = deque()
+        self._prefill_pressures: deque[tuple[float, float, float, float]] = deque()
         """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
         :data:`PARK_MEMORY_S` (idle parking)."""
         self._decode_pressures: deque[tuple[float, float, float, float]] = deque()

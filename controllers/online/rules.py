@@ -67,7 +67,7 @@ class MeasuredLatencyRules:
     burst_guard: bool
     mean_prompt_tokens: float
     mean_output_tokens: float
-    _prefill_pressures: deque[tuple[float, float, float]]
+    _prefill_pressures: deque[tuple[float, float, float, float]]
     _decode_pressures: deque[tuple[float, float, float, float]]
     _last_requested_mhz: float | None
     _decode_park_cache: tuple[tuple[object, ...], float] | None
@@ -132,20 +132,20 @@ class MeasuredLatencyRules:
         where none is that recent."""
         ttft_ratio, tpot_ratio = SLOFeedback.latency_ratios(observation)
         slo_s = observation.ttft_recent_slo_s
-        if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
-            # The measured TTFT pressure, and what one period adds to it, at the SLO it
-            # was measured at (with its per-prompt allowance).
-            self.remember_ttft_pressure(
-                observation.time_s, ttft_ratio, self.control_period_s / slo_s
-            )
         model = self.model
         assert model is not None
         top = float(model.clocks_mhz[-1])
         requested = observation.requested_clock_mhz
         current = top if requested is None or not math.isfinite(requested) else float(requested)
+        # Measured at no more than the higher of this window's clock and the last one's.
+        measured_at = max(current, self._last_requested_mhz or current)
+        if ttft_ratio is not None and slo_s is not None and slo_s > 0.0:
+            # The measured TTFT pressure, and what one period adds to it, at the SLO it
+            # was measured at (with its per-prompt allowance).
+            self.remember_ttft_pressure(
+                observation.time_s, ttft_ratio, self.control_period_s / slo_s, measured_at
+            )
         if tpot_ratio is not None:
-            # Measured at no more than the higher of this window's clock and the last one's.
-            measured_at = max(current, self._last_requested_mhz or current)
             self._decode_pressures.append(
                 (observation.time_s, tpot_ratio, measured_at, max(observation.decode_active, 1.0))
             )
@@ -184,10 +184,13 @@ class MeasuredLatencyRules:
         parked = _first_fit(clocks, clocks >= top * needed - 1e-9)
         return parked if parked < top else None
 
-    def remember_ttft_pressure(self, time_s: float, ratio: float, share: float) -> None:
+    def remember_ttft_pressure(
+        self, time_s: float, ratio: float, share: float, clock_mhz: float = math.inf
+    ) -> None:
         """Keep a measured TTFT pressure (``ratio`` of its SLO, one period being ``share``
-        of that SLO) for :data:`PARK_MEMORY_S`."""
-        self._prefill_pressures.append((time_s, ratio, share))
+        of that SLO, measured at no more than ``clock_mhz``; unknown: the top clock) for
+        :data:`PARK_MEMORY_S`."""
+        self._prefill_pressures.append((time_s, ratio, share, clock_mhz))
 
     def _arrival_park_share(self, threshold: float) -> float:
         """The share of the top clock a prompt arriving in the coming period needs, run
@@ -195,7 +198,7 @@ class MeasuredLatencyRules:
         threshold`` over the TTFT pressures of the last :data:`PARK_MEMORY_S` (-inf with
         none). Idle parking and the decode descent both hold it."""
         return max(
-            (1.0 - (threshold - ratio) / share for _, ratio, share in self._prefill_pressures),
+            (1.0 - (threshold - ratio) / share for _, ratio, share, _ in self._prefill_pressures),
             default=-math.inf,
         )
 
@@ -253,7 +256,7 @@ class MeasuredLatencyRules:
         if not self._prefill_pressures:
             return False
         threshold = loosened(self.exploration.explore_threshold, self.looseness)
-        return max(ratio + share for _, ratio, share in self._prefill_pressures) <= threshold
+        return max(ratio + share for _, ratio, share, _ in self._prefill_pressures) <= threshold
 
     def park_share(self, observation: ServingObservation) -> float | None:
         """The share of the TTFT SLO a prompt may take and still leave an idle prefill
@@ -276,30 +279,33 @@ class MeasuredLatencyRules:
         decode descent and the MPC's fluid model (which spreads the expected prompts over
         its horizon) otherwise lower the clock in decode-only windows where one arriving
         misses before any decision can raise it. Latency grows at most like 1/f, so a
-        prompt whose TTFT at the top clock is ``ratio`` of its SLO meets the SLO at ``x``
-        of the top clock when ``ratio / x <= 1``: the floor is the worst such TTFT
-        pressure of the last :data:`PARK_MEMORY_S` (measured at a clock at or below the
-        top, so no lower than the top's) times the top clock. Where the SLO spans more
-        than a period, a later decision (the burst guard, seeing the backlog) still has
-        time to act, and a window's worst mean TTFT (a burst's queueing included)
-        overstates a lone arrival's: no floor. ``idle_prefill_clock`` records the
+        prompt whose TTFT measured at ``f`` is ``ratio`` of its SLO meets the SLO from
+        ``ratio * f`` up to ``f``: the floor is the highest such clock over the TTFT
+        pressures of the last :data:`PARK_MEMORY_S` (``f`` the higher of the window's
+        clock and the one before; one at or over its SLO holds the top clock). Where the
+        SLO spans more than a period, a later decision (the burst guard, seeing the
+        backlog) still has time to act, and a window's worst mean TTFT (a burst's queueing
+        included) overstates a lone arrival's: no floor. ``idle_prefill_clock`` records the
         pressures and runs first at every decision."""
         model = self.model
         assert model is not None
         clocks = model.clocks_mhz
+        top = float(clocks[-1])
         if observation.role == "decode":
             return float(clocks[0])
+        # A TTFT at ``ratio`` of its SLO measured at ``f`` meets the SLO from ``ratio * f``
+        # up to ``f`` (1/f); one at or over its SLO bounds nothing below the top clock.
         needed = max(
             (
-                ratio
-                for _, ratio, share in self._prefill_pressures
+                ratio * min(clock, top) if ratio < 1.0 else top
+                for _, ratio, share, clock in self._prefill_pressures
                 if share * ARRIVAL_FLOOR_PERIODS > 1.0
             ),
             default=-math.inf,
         )
-        if needed <= float(clocks[0]) / float(clocks[-1]):
+        if needed <= float(clocks[0]):
             return float(clocks[0])
-        return _first_fit(clocks, clocks >= float(clocks[-1]) * needed - 1e-9)
+        return _first_fit(clocks, clocks >= needed - 1e-9)
 
     def descent_clock(
         self, observation: ServingObservation, slos: tuple[float, float]
@@ -427,7 +433,7 @@ class MeasuredLatencyRules:
         if lower < exploration.backoff_floor(clocks) - 1e-9 or not self._prefill_pressures:
             return None
         delay = 1.0 - lower / float(clocks[-1])
-        if max(ratio + share * delay for _, ratio, share in self._prefill_pressures) > threshold:
+        if max(ratio + share * delay for _, ratio, share, _ in self._prefill_pressures) > threshold:
             return None
         if model.visits[index] >= exploration.minimum_visits:
             _, tpot_ratio = SLOFeedback.latency_ratios(observation)

@@ -73,6 +73,37 @@ def test_a_ttft_slo_shorter_than_a_period_bounds_every_decision() -> None:
     assert _controller(1.5, 0.15).arrival_floor(_seen()) == TOP
 
 
+def test_a_ttft_measured_below_the_top_clock_grows_like_1_over_f_from_there() -> None:
+    """A TTFT at 0.5 of its SLO measured at 900 MHz meets it from 450 MHz up (1/f from
+    where it was measured); from the top clock the law held the floor at 900 MHz, twice
+    the clock the measurement needs."""
+    controller = OnlineMPCController(control_period_s=PERIOD_S)
+    controller.model = _Model()  # type: ignore[assignment]
+    controller.remember_ttft_pressure(9.0, 0.5, PERIOD_S / 0.15, 900.0)
+    assert controller.arrival_floor(_seen()) == pytest.approx(_lowest(450.0 / TOP))
+    # Over its SLO where it was measured: no clock below the top is known to meet it.
+    controller.remember_ttft_pressure(9.5, 1.2, PERIOD_S / 0.15, 900.0)
+    assert controller.arrival_floor(_seen()) == TOP
+
+
+def test_the_floor_reads_the_clock_each_ttft_was_measured_at() -> None:
+    """The pressure an observation brings is kept with the higher of its window's clock
+    and the one before (its prompts arrived under either)."""
+    controller = OnlineMPCController(control_period_s=PERIOD_S)
+    controller.model = _Model()  # type: ignore[assignment]
+    for time_s, clock in ((9.75, 900.0), (10.0, 810.0)):
+        seen = replace(
+            _seen(),
+            time_s=time_s,
+            requested_clock_mhz=clock,
+            ttft_recent_s=0.075,
+            ttft_slo_s=0.15,
+        )
+        controller.idle_prefill_clock(seen, (0.15, 0.05))
+    assert [pressure[3] for pressure in controller._prefill_pressures] == [900.0, 900.0]
+    assert controller.arrival_floor(_seen()) == pytest.approx(_lowest(450.0 / TOP))
+
+
 def test_the_worst_pressure_of_the_last_minute_counts() -> None:
     controller = _controller(0.3, 0.15)
     controller.remember_ttft_pressure(9.5, 0.7, PERIOD_S / 0.15)
