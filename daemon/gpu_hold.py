@@ -26,6 +26,7 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpugov.daemon.errors import ConfigError
@@ -131,6 +132,21 @@ def hold_gpu(
         ) from error
     held.set_inheritable(False)
     return held
+
+
+@contextlib.contextmanager
+def held_for(uuid: str, kind: str, *, named: str, emulator: str | None = None) -> Iterator[None]:
+    """Hold GPU ``uuid`` for the block (a lock a previous run left, reset at the start),
+    as :func:`hold_gpu` does.
+
+    Raises:
+        GpuHeld: another gpugov holds it: it governs the GPU now, and the lock is its.
+    """
+    held = hold_gpu(uuid, kind, named=named, emulator=emulator)
+    try:
+        yield
+    finally:
+        release([held] if held is not None else [])
 
 
 def release(holds: list[socket.socket]) -> None:

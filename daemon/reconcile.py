@@ -13,6 +13,7 @@ from gpugov.daemon.config import GpugovConfig
 from gpugov.daemon.deadline import CallTimeout, SerialCalls
 from gpugov.daemon.emulated import EmulatedBackend, emulated_device_count
 from gpugov.daemon.errors import GpugovError, GpuLost
+from gpugov.daemon.gpu_hold import GpuHeld, held_for
 from gpugov.daemon.gpu_open import open_backend
 from gpugov.daemon.gpu_sampling import GPU_READ_DEADLINE_S
 from gpugov.daemon.lockstate import LockState, gpu_key, left_by, live_writer, writer_pid_text
@@ -115,9 +116,7 @@ def reset_left_locks(
                         "`gpugov reset-clocks` on the recorded GPU"
                     )
                 else:
-                    calls.call(backend.reset_clocks)
-                    state.clear(key)
-                    line = f"{found}; reset"
+                    line = _reset_unless_held(config, state, key, named, found, backend, calls)
             except (GpugovError, CallTimeout) as error:
                 then = _lost_advice(error) or _reset_command(advice, named)
                 line = f"{found}; reset FAILED ({error}): {then}"
@@ -128,6 +127,32 @@ def reset_left_locks(
     lines.extend(_restore_left_power_limits(config, state, ours, stop, deadline_s, advice))
     lines.extend(_power_limits_left_unrestored(config, state, assembled.backends, advice))
     return lines
+
+
+def _reset_unless_held(
+    config: GpugovConfig,
+    state: LockState,
+    key: str,
+    named: str,
+    found: str,
+    backend: GpuBackend,
+    calls: SerialCalls,
+) -> str:
+    """Reset the lock a previous run left on GPU ``key`` (the recorded one), held for the
+    reset (:func:`daemon.gpu_hold.held_for`); the line. A GPU another gpugov governs now
+    (a second daemon took it after the config dropped it) is left to it: its lock is that
+    one's, and the reset would undo it. The entry is dropped either way."""
+    try:
+        with held_for(key, config.daemon.backend, named=named, emulator=config.daemon.emulator):
+            calls.call(backend.reset_clocks)
+    except GpuHeld as held:
+        state.clear(key)
+        return (
+            f"{found}; not reset: another gpugov on this node governs it now "
+            f"({held.holder}), and the lock is its own; record dropped"
+        )
+    state.clear(key)
+    return f"{found}; reset"
 
 
 def _by_index(key: str, entry: dict[str, Any], backend: GpuBackend) -> bool:

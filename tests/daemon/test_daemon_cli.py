@@ -912,6 +912,43 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     assert "\n" not in gone and "Traceback" not in caplog.text
 
 
+def test_a_left_lock_on_a_gpu_another_governor_holds_now_is_left_to_it(
+    tmp_path: Path,
+    metrics_server: MetricsServer,
+    fake: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run on GPUs 0 and 1 is killed; another governor (its own state directory) has
+    taken GPU 1 since, and this one's next start governs GPU 0 only. GPU 1's lock is that
+    governor's: the start reset it, undoing the other's clock. It is left, named with the
+    holder, and the stale record dropped."""
+    import os
+
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.gpu_hold import hold_gpu, release
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    state_dir = tmp_path / "state"
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)
+    other = hold_gpu("GPU-fake-0001", "nvml", named="1")  # the other governor, running
+    try:
+        _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
+    finally:
+        release([other] if other is not None else [])
+    assert fake.locked(0) is None
+    assert fake.locked(1) == (1410, 1410)  # the other governor's lock stands
+    assert LockState(state_dir).read() == {}
+    (line,) = [r.getMessage() for r in caplog.records if "GPU 1 (" in r.getMessage()]
+    assert line.startswith("reconcile: GPU 1 (GPU-fake-0001), not in this config")
+    assert f"not reset: another gpugov on this node governs it now (pid {os.getpid()} (" in line
+    assert line.endswith("), and the lock is its own; record dropped")
+
+
 def test_a_lock_left_on_a_gpu_moved_to_another_index_since_is_reset_where_it_is(
     tmp_path: Path,
     metrics_server: MetricsServer,
