@@ -378,6 +378,8 @@ def probe_actuator(path: str, timeout_s: float) -> str | None:
                 if not chunk:
                     break
                 answer += chunk
+                if len(answer) > MAX_ANSWER_BYTES:
+                    break  # no answer is this long: something else streams on the socket
         except TimeoutError:
             return f"no answer within {timeout_s:g} s"
         except OSError as error:

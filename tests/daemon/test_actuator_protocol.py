@@ -197,3 +197,38 @@ def test_an_answer_nested_too_deep_is_an_actuator_not_answering_not_a_traceback(
     finally:
         client.close()
         other.stop()
+
+
+def test_the_probe_reads_a_bounded_answer(socket_path: Path) -> None:
+    """``--probe`` read whatever the socket sent until a line break or its timeout: a
+    program there that streams bytes with no line break (a Unix socket carries gigabytes
+    a second) grew the probe's memory for the whole timeout, and the verdict was 'no
+    answer'. An answer past the client's bound (64 KiB) is no answer of the protocol's,
+    said at once, as the governor's client says it."""
+    from gpugov.daemon.actuator_client import probe_actuator
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(1)
+    done = threading.Event()
+    sent = [0]
+
+    def stream() -> None:
+        peer, _ = listener.accept()
+        with peer:
+            while not done.is_set():  # bytes and never a line break, until the probe goes
+                try:
+                    sent[0] += peer.send(b"x" * 65536)
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    try:
+        assert probe_actuator(str(socket_path), 30.0) == (
+            "answered something else than the actuator protocol"
+        )
+    finally:
+        done.set()
+        thread.join(10)
+        listener.close()
