@@ -87,6 +87,33 @@ def _holder(name: bytes) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
+def _name_for(uuid: str, kind: str, emulator: str | None) -> bytes | None:
+    """The hold's name for GPU ``uuid`` through backend ``kind``; None where no hold
+    applies (no UUID, a simulated GPU, a platform without abstract sockets)."""
+    if not sys.platform.startswith("linux") or not uuid:
+        return None
+    if kind in PHYSICAL_BACKENDS:
+        return hold_name(uuid)
+    if kind == "emulated" and emulator:
+        return hold_name(uuid, emulator.rstrip("/"))
+    return None
+
+
+def holder_of(uuid: str, kind: str, *, emulator: str | None = None) -> str | None:
+    """Who holds GPU ``uuid`` now (``"pid 4242 (gpugov run ...)"``), or None when no
+    gpugov does: what ``gpugov status`` shows, holding nothing itself."""
+    name = _name_for(uuid, kind, emulator)
+    if name is None:
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            probe.connect(name)
+    except OSError:  # no listener: nobody holds it
+        return None
+    return _holder(name)
+
+
 def hold_gpu(
     uuid: str, kind: str, *, named: str, emulator: str | None = None
 ) -> socket.socket | None:
@@ -98,15 +125,9 @@ def hold_gpu(
     Raises:
         GpuHeld: another process holds it (the message names the GPU and the holder).
     """
-    if not sys.platform.startswith("linux") or not uuid:
+    name = _name_for(uuid, kind, emulator)
+    if name is None:
         return None
-    if kind in PHYSICAL_BACKENDS:
-        where = ""
-    elif kind == "emulated" and emulator:
-        where = emulator.rstrip("/")
-    else:
-        return None
-    name = hold_name(uuid, where)
     held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         held.bind(name)

@@ -24,6 +24,7 @@ from gpugov.daemon.errors import (
     NotSupported,
     printable,
 )
+from gpugov.daemon.gpu_hold import holder_of
 from gpugov.daemon.node_support import (
     GPU_CALL_DEADLINE_S,
     backend_choice,
@@ -315,6 +316,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for gpu in report["gpus"]:
         mine = held.pop(gpu_key_of(gpu), None)
         gpu["held_by_gpugov"] = None if mine is None else _without_gpu(mine)
+        # The gpugov governing it now, by the GPU's hold (one governor per GPU).
+        gpu["governed_by"] = holder_of(str(gpu.get("uuid") or ""), kind, emulator=emulator)
     # What no listed GPU matches (a GPU gone or not listed, one keyed by its UUID while
     # this backend gives none) is shown all the same: status is where to check them.
     if held:
@@ -357,6 +360,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"now {_num(gpu['sm_clock_mhz'], 'MHz')}, {_num(gpu['power_w'], 'W')}, "
             f"{_num(gpu['temperature_c'], 'C')}"
         )
+        if gpu["governed_by"] is not None:
+            _say(f"  governed now by gpugov ({gpu['governed_by']})")
         if gpu["held_by_gpugov"] is not None:
             _say(f"  {_held_line(gpu['held_by_gpugov'])}")
     for entry in report.get("held_elsewhere", []):

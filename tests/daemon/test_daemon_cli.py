@@ -550,6 +550,36 @@ def test_status_shows_what_a_gpugov_run_recorded_it_holds(
     }
 
 
+def test_status_names_the_gpugov_governing_a_gpu_now(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A GPU a running gpugov holds (one governor per GPU) is shown with that governor's
+    pid, and in ``--json`` as ``governed_by``; status itself holds nothing."""
+    import os
+
+    from gpugov.daemon.gpu_hold import hold_gpu, release
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    governor = hold_gpu(fake.gpus[1].uuid, "nvml", named="1")
+    try:
+        assert node_cli.main(["status"]) == 0
+        out = capsys.readouterr().out
+        assert node_cli.main(["status", "--json"]) == 0
+        gpus = json.loads(capsys.readouterr().out)["gpus"]
+    finally:
+        release([governor] if governor is not None else [])
+    assert f"  governed now by gpugov (pid {os.getpid()} (" in out
+    assert out.count("governed now by gpugov") == 1
+    assert gpus[0]["governed_by"] is None
+    assert gpus[1]["governed_by"].startswith(f"pid {os.getpid()} (")
+    # Status held nothing: the GPU can be held once the governor let it go.
+    again = hold_gpu(fake.gpus[1].uuid, "nvml", named="1")
+    release([again] if again is not None else [])
+
+
 def test_status_shows_the_gpus_beside_a_newer_gpugov_s_lock_record(
     fake: FakeNvml,
     tmp_path: Path,
@@ -1438,6 +1468,7 @@ def test_status_json_has_the_documented_keys(
         "power_limit_w",
         "clock_event_reasons",
         "held_by_gpugov",
+        "governed_by",
     }
     # The server's empty page: the engine answered, with no metrics page.
     assert set(report["engines"][0]) == {"url", "reachable", "answer", "error"}
