@@ -163,6 +163,12 @@ class FleetNode:
                 cap = min(cap, float(own))
         self.simulation.set_power_cap(None if cap >= self.tdp_w else cap)
 
+    def start(self) -> None:
+        """The node's first control decision, at 0 s before any request: a node's daemon
+        decides from its first tick, as ``simulate`` and ``run --simulate`` call their
+        controller at 0 s (a fleet's node first decided one period in)."""
+        self.step(0.0)
+
     def step(self, end_s: float) -> None:
         """Run the engine to ``end_s`` (requests arriving at their times), then one control
         decision: observe, decide, apply the clock and the cap, read the need."""

@@ -367,6 +367,8 @@ def _simulated_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     cap_ticks: list[float] = []
     cap_series: list[list[float]] = []
     need_series: list[list[float | None]] = []
+    for node in nodes:  # each node's first tick, at 0 s, as a simulated node's
+        node.start()
     energy_mark = [0.0] * len(nodes)
     last_needs: list[float | None] = [None] * len(nodes)
     allocation_mark = [0.0] * len(nodes)

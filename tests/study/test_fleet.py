@@ -1214,3 +1214,49 @@ def test_an_outside_controller_that_raises_in_a_cell_is_one_line(
     assert capsys.readouterr().err.splitlines() == [
         f"gpugov: error: controller '{name}:make' on node node0 raised at t=4.000s (step 40): boom"
     ]
+
+
+TICKS = """
+SEEN = []
+
+
+def make(context):
+    top = max(context.supported_clocks_mhz)
+
+    def decide(observation):
+        SEEN.append(observation.time_s)
+        return top
+
+    return decide
+"""
+
+
+def test_a_fleet_node_decides_at_the_ticks_a_simulated_node_does(
+    module_on_path: Callable[[str, str], str],
+) -> None:
+    """A node's daemon decides from its first tick, at 0 s, before any request, as
+    ``simulate`` and ``run --simulate`` call their controller; a fleet's node first decided
+    one period in, so a controller counting its decisions (or its warm-up) was a period
+    behind its simulated twin."""
+    import importlib
+
+    from gpugov.daemon.cli_support import simulated_controller
+    from gpugov.plant import ServingPlant, load_profile, simulate
+    from gpugov.plant.scheduler import chunked_prefill_scheduler
+
+    name = module_on_path("fleet_tick_governor", TICKS)
+    seen: list[float] = importlib.import_module(name).SEEN
+    plant = ServingPlant.from_profile(load_profile("h100-sxm-llama3-8b"))
+    workload = tuple(Request(i, 0.4 * i + 0.1, 200, 10) for i in range(10))
+    controller = simulated_controller(f"{name}:make", plant, workload, 1.0)
+    simulate(workload, plant, chunked_prefill_scheduler, controller, 0, control_period_s=1.0)
+    simulated = list(seen)
+    seen.clear()
+    node = FleetNode("n", plant, f"{name}:make", workload, period_s=1.0, floor_w=100.0)
+    for request in workload:
+        node.dispatch(request)
+    seen.clear()  # the build's warm-up decision, as the simulated build made one
+    node.start()
+    for tick in range(1, len(simulated) - 1):  # its first entry: the build's warm-up
+        node.step(float(tick))
+    assert seen == simulated[1:] and seen[0] == 0.0
