@@ -249,10 +249,14 @@ class ActuatorServer:
             if gpu.held is not None or gpu.holder is not None or gpu.retry_reset_s is not None
         }
 
+        lost: set[str] = set()
+
         def attempt(label: str, _attempt: int) -> Outcome:
             error = self._reset(self.gpus[label], whys[label])
             if error is None:
                 return "done"
+            if isinstance(error, GpuLost):
+                lost.add(label)
             return "failed" if isinstance(error, PERMANENT_RESET_ERRORS) else "retry"
 
         failed, pending = retry_each(
@@ -263,6 +267,9 @@ class ActuatorServer:
             sleep=sleep,
         )
         failed = [label for label in self.gpus if label in failed or label in pending]
+        for label in failed:
+            if label not in lost:
+                self._top_at_stop(self.gpus[label])
         for conn in list(self._connections.values()):
             self._drop(conn, reset=False)
         if self._listener is not None:
@@ -272,6 +279,27 @@ class ActuatorServer:
             with contextlib.suppress(OSError):
                 os.unlink(self.socket_path)
         return failed
+
+    @staticmethod
+    def _top_at_stop(gpu: Gpu) -> None:
+        """A GPU the stop could not reset, held below its top clock (or at clocks unknown):
+        lock the top clock instead, as ``gpugov run``'s exit does, so it is not left low
+        once the actuator is gone; a lock that fails too is only logged (DEBUG)."""
+        if gpu.held is not None and gpu.held[1] >= gpu.max_mhz:
+            return
+        label = gpu.backend.label
+        try:
+            gpu.backend.lock_clocks(gpu.max_mhz, gpu.max_mhz)
+        except GpuError as error:
+            log.debug("GPU %s: top clock at stop failed: %s", label, error)
+            return
+        gpu.held = (gpu.max_mhz, gpu.max_mhz)
+        log.warning(
+            "GPU %s: its reset failed; locked at the top clock (%d MHz) instead, so it is not "
+            "held low (it is still locked: gpugov reset-clocks unlocks it)",
+            label,
+            gpu.max_mhz,
+        )
 
     @staticmethod
     def _pid(gpu: Gpu) -> str:

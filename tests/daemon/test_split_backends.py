@@ -1035,3 +1035,32 @@ def test_a_failed_zeusd_is_probed_once_a_second_for_all_its_gpus() -> None:
         for gpu in gpus:
             gpu.close()
         zeusd.close()
+
+
+def test_a_gpu_the_stopping_actuator_cannot_reset_is_locked_at_its_top_clock(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reset that still fails after the stop's retries left the GPU locked at the
+    governor's low clock once the actuator exited (exit 6), where ``gpugov run``'s exit
+    locks such a GPU at its top clock instead: the actuator does too now, one warning, and
+    the GPU is still named as not reset."""
+    import os
+
+    nvml = FakeNvml(1)
+    top = nvml.gpus[0].top_clock_mhz()
+    served = Served(nvml, socket_path, str(os.getuid()))
+    client, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(1410, 1410)
+        nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=None)  # NVML_ERROR_TIMEOUT
+        served._stop.set()
+        served._thread.join(10)
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator_server"):
+            assert served.server.close(sleep=lambda _s: None) == ["0"]
+        assert nvml.locked(0) == (top, top)
+        lines = [r.getMessage() for r in caplog.records if "top clock" in r.getMessage()]
+        assert len(lines) == 1 and f"locked at the top clock ({top} MHz) instead" in lines[0]
+    finally:
+        client.close()
+        for backend in served.backends:
+            backend.close()
