@@ -90,6 +90,8 @@ class ActuatorClient:
         self._lock = threading.Lock()
         self._last_ok_s = -1e9
         self.granted_lease_s = lease_s
+        self._said_lease_s: float | None = None
+        """The shorter lease than asked last warned about."""
         self.epoch = 0
         """Increments with every new connection (a new lease)."""
         self.failures = 0
@@ -151,7 +153,9 @@ class ActuatorClient:
         self.granted_lease_s = float(lease)
         self.gpus = list(gpus)
         self.epoch += 1
-        if self.granted_lease_s < self.lease_s:
+        if self.granted_lease_s < self.lease_s and self.granted_lease_s != self._said_lease_s:
+            # Once per lease granted: one that lapses between ticks reconnects every tick.
+            self._said_lease_s = self.granted_lease_s
             log.warning(
                 "actuator grants a %.3g s lease, not the %.3g s asked for",
                 self.granted_lease_s,

@@ -1064,3 +1064,35 @@ def test_a_gpu_the_stopping_actuator_cannot_reset_is_locked_at_its_top_clock(
         client.close()
         for backend in served.backends:
             backend.close()
+
+
+def test_a_short_lease_is_said_once_not_at_every_reconnection(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An actuator granting less than the governor asks (its --max-lease-s) was warned
+    about at every connection: where the lease lapses between ticks, every tick
+    reconnects, and the log had that line every tick. It is said once per lease granted."""
+    import os
+
+    nvml = FakeNvml(1)
+    backends = [NvmlBackend(0, nvml=nvml)]
+    server = ActuatorServer(backends, str(socket_path), str(os.getuid()), max_lease_s=0.5)
+    server.listen()
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop.is_set,))
+    thread.start()
+    client = ActuatorClient(str(socket_path), lease_s=5.0, timeout_s=2.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpugov.daemon.actuator_client"):
+            for _ in range(3):
+                client.request({"op": "renew"})
+                client.close()  # a lapsed lease: the next request connects again
+        assert client.epoch == 3
+        lines = [r.getMessage() for r in caplog.records if "grants" in r.getMessage()]
+        assert lines == ["actuator grants a 0.5 s lease, not the 5 s asked for"]
+    finally:
+        client.close()
+        stop.set()
+        thread.join(10)
+        server.close()
+        backends[0].close()
