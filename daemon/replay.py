@@ -88,6 +88,8 @@ class ReplayReport:
     """Summed caps over the ticks where that side held one (for the means)."""
     recorded_cap_ticks: int = 0
     replayed_cap_ticks: int = 0
+    settings: list[str] = field(default_factory=list)
+    """Each domain's period, safety chain and SLO target, the recording's, in words."""
 
     @property
     def differing(self) -> int:
@@ -118,6 +120,7 @@ class ReplayReport:
             f"replayed {self.compared} decisions of {self.recorded_controller!r} through "
             f"{self.replayed_controller!r} ({self.skipped_failsafe} fail-safe ticks skipped)"
         ]
+        lines += [f"  settings            {line}" for line in self.settings]
         if not n:  # means of no decision are no figures
             lines.append("  no decision to compare: every recorded tick held the fail-safe")
             return "\n".join(lines)
@@ -225,7 +228,6 @@ def _replayed_controller(
     Raises:
         RecordingError: the header's ``slo_target`` is not a valid target.
     """
-    safety = info.get("safety") or {}
     names = tuple(str(n or "") for n in info.get("gpu_names") or [])
     known = info.get("context") or {}
     context = ControllerContext(
@@ -240,13 +242,7 @@ def _replayed_controller(
         thermal_limit_c=known.get("thermal_limit_c"),
         forecasts=_recorded_forecasts(info),
         role=_recorded_role(info),
-        safety=SafetySettings(
-            floor_mhz=safety.get("floor_mhz"),
-            dwell_s=float(safety.get("dwell_s", DEFAULT_DWELL_S)),
-            min_relock_interval_s=float(
-                safety.get("min_relock_interval_s", DEFAULT_MIN_RELOCK_INTERVAL_S)
-            ),
-        ),
+        safety=_recorded_safety(info),
         budget_guard=True,
         budget_enforced=bool(info.get("power_budget_held", False)),
         slo_target=_recorded_slo_target(info),
@@ -255,6 +251,28 @@ def _replayed_controller(
         history_limit=CONTROLLER_HISTORY_STEPS,
     )
     return build_controller(spec, context)
+
+
+def _recorded_safety(info: dict[str, Any]) -> SafetySettings:
+    """The recorded domain's safety chain settings (the defaults where a recording from
+    before them carries none)."""
+    safety = info.get("safety") or {}
+    return SafetySettings(
+        floor_mhz=safety.get("floor_mhz"),
+        dwell_s=float(safety.get("dwell_s", DEFAULT_DWELL_S)),
+        min_relock_interval_s=float(
+            safety.get("min_relock_interval_s", DEFAULT_MIN_RELOCK_INTERVAL_S)
+        ),
+    )
+
+
+def _settings_line(name: str, info: dict[str, Any], period_s: float) -> str:
+    """What the replayed controller of domain ``name`` runs with, in words: the period,
+    the chain's dwell and floor and the SLO target, all the recording's."""
+    target = _recorded_slo_target(info)
+    return f"{name}: every {period_s:g} s, {_recorded_safety(info).words()}, SLO target " + (
+        "none" if target is None else f"{100.0 * target.attainment:g}%"
+    )
 
 
 def _recorded_slo_target(info: dict[str, Any]) -> SLOTarget | None:
@@ -345,6 +363,7 @@ def replay(
         report = ReplayReport(
             recorded_controller=", ".join(recorded_names),
             replayed_controller=spec_name(spec),
+            settings=[_settings_line(name, info, period_s) for name, info in domains.items()],
         )
         for number, row in enumerate(rows, start=2):
             progress.update(len(rows) + number - 2)

@@ -169,3 +169,19 @@ def test_a_recording_of_a_chain_with_no_dwell_replays(tmp_path: Path) -> None:
     path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     report = replay(path, parse_controller_spec("reactive"))
     assert report.compared == len(lines) - 1 and report.differing == 0
+
+
+def test_the_report_says_the_recordings_settings_the_replay_ran_with(tmp_path: Path) -> None:
+    """The replay's report says, per domain, the period, chain and SLO target the recording
+    gave the replayed controller, as simulate's title says its own: a replay of a run with
+    --dwell 2 read as one of the defaults."""
+    from gpugov.cli import main
+
+    path = tmp_path / "run.jsonl"
+    argv = ["run", "--simulate", "--virtual", "--duration", "5", "--controller", "reactive"]
+    argv += ["--dwell", "2", "--floor", "900", "--slo-target", "0.95"]
+    assert main([*argv, "--metrics-address", "none", "--record", str(path), "--quiet"]) == 0
+    text = replay(path, parse_controller_spec("max")).format()
+    assert text.splitlines()[1] == (
+        "  settings            sim: every 1 s, dwell 2 s, clock floor 900 MHz, SLO target 95%"
+    )
