@@ -14,6 +14,7 @@ import functools
 import logging
 import re
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,13 @@ from gpugov.daemon.limits import GPU_UUID_PATTERN, MAX_GPU_INDEX, socket_path_to
 from gpugov.daemon.log_lines import log_to_stderr, print_to_stderr
 from gpugov.daemon.sd_notify import Watchdog, notify_systemd
 from gpugov.daemon.start_retry import retry_transient
-from gpugov.daemon.stop_signals import STOP_SIGNALS, off_handler, signal_name
+from gpugov.daemon.stop_signals import (
+    STOP_SIGNALS,
+    StopEvent,
+    off_handler,
+    set_from_handler,
+    signal_name,
+)
 
 # The server's logger: one actuator, one name in its log lines.
 log = logging.getLogger("gpugov.daemon.actuator_server")
@@ -213,19 +220,22 @@ def run_actuator(args: argparse.Namespace) -> int:
 
     log_to_stderr(logging.INFO)
     stop: list[int] = []
+    stopped = StopEvent()  # ends the open's retries at once
 
     def on_signal(signum: int, _frame: Any) -> None:
         # No lock taken here, a log line's included (daemon.stop_signals.set_from_handler).
         if stop:
             name = signal_name(signum)
             off_handler(functools.partial(log.warning, "received %s again; still stopping", name))
+        else:
+            set_from_handler(stopped)
         stop.append(signum)
 
     # The signals that stop `gpugov run` (SIGUSR1, SIGPWR or a real-time one killed the
     # actuator with the locks it served held): every lock is reset on the way out.
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
-        return _serve(args, stop, NvmlBackend, nvml_device_count)
+        return _serve(args, stop, NvmlBackend, nvml_device_count, stopped=stopped)
     finally:
         # An in-process caller (a test, an embedding tool) gets its own handling back.
         for sig, handler in previous.items():
@@ -237,8 +247,11 @@ def _serve(
     stop: list[int],
     backend_type: Callable[[int], GpuBackend],
     device_count: Callable[[], int],
+    *,
+    stopped: threading.Event | None = None,
 ) -> int:
-    """:func:`run_actuator` once its stop signals are caught (``stop`` collects them)."""
+    """:func:`run_actuator` once its stop signals are caught (``stop`` collects them;
+    ``stopped`` is set with the first, and ends the open's retries)."""
     taken = socket_path_taken(args.socket)  # before any GPU is opened (or reset)
     if taken is not None:
         _error(f"actuator: --socket {args.socket}: {taken}")
@@ -253,12 +266,13 @@ def _serve(
         # One NVML timeout while opening a GPU (the count, the handle, the clocks' list
         # and the max clock under it) is retried as `gpugov run`'s start retries it.
         gpus = args.gpus
+        retry = functools.partial(retry_transient, stop=stopped)
         if gpus == ["all"]:
-            gpus = list(range(retry_transient(device_count, "count the GPUs")))
+            gpus = list(range(retry(device_count, "count the GPUs")))
         for gpu in gpus:
-            backend = retry_transient(functools.partial(backend_type, gpu), f"GPU {gpu}: open")
+            backend = retry(functools.partial(backend_type, gpu), f"GPU {gpu}: open")
             backends.append(backend)
-            retry_transient(backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks")
+            retry(backend.supported_clocks_mhz, f"GPU {gpu}: list supported clocks")
         server = ActuatorServer(
             backends,
             args.socket,

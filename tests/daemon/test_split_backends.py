@@ -1096,3 +1096,33 @@ def test_a_short_lease_is_said_once_not_at_every_reconnection(
         thread.join(10)
         server.close()
         backends[0].close()
+
+
+def test_a_stop_during_the_actuators_open_ends_its_retries(socket_path: Path, capsys: Any) -> None:
+    """A stop signal while the actuator retried a GPU's transient error waited out every
+    retry (up to 3.75 s a call) before it stopped; the retries end at the stop now, as
+    ``gpugov run``'s start's do, and it exits with the error in one line."""
+    import os
+    import signal
+
+    from gpugov.cli import build_parser
+    from gpugov.daemon.stop_signals import StopEvent
+
+    nvml = FakeNvml(1)
+    nvml.fail("nvmlDeviceGetSupportedGraphicsClocks", 10, times=None)  # TIMEOUT, for good
+    stopped = StopEvent()
+    stopped.set()  # the stop came during the open
+    args = build_parser("actuator").parse_args(
+        ["actuator", "--gpus", "0", "--allow", str(os.getuid()), "--socket", str(socket_path)]
+    )
+    code = actuator_command._serve(
+        args,
+        [signal.SIGTERM],
+        lambda gpu: NvmlBackend(gpu, nvml=nvml),
+        lambda: 1,
+        stopped=stopped,
+    )
+    assert code == 4 and nvml.calls["nvmlDeviceGetSupportedGraphicsClocks"] == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Timeout" in err
+    assert nvml.writes == [] and not socket_path.exists()
