@@ -36,6 +36,7 @@ from gpugov.study.scoreboard.report import (
     head_to_head,
     head_to_head_markdown,
     invalid_decision_lines,
+    periods_line,
 )
 from gpugov.study.scoreboard.windows import window_markdown
 
@@ -235,6 +236,7 @@ def _row_entry(row: Mapping[str, Any]) -> dict[str, Any]:
         "oracle_capture": row["oracle_capture"],
         "oracle_capture_after_warmup": row.get("oracle_capture_after_warmup"),
         "invalid_decisions": row.get("invalid_decisions"),
+        "control_period_s": row.get("control_period_s"),
     }
 
 
@@ -374,8 +376,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         "```",
         "",
         f"Plant: {report['plant']['model']}, {report['plant']['scheduler']} scheduler, "
-        f"seed {report['plant']['seed']}, no latency noise, control period "
-        f"{cell(report['plant']['control_period_s'], 1, 2, ' s')}. Definitions are in "
+        f"seed {report['plant']['seed']}, no latency noise. {periods_line(report)} "
+        "Definitions are in "
         "`report.json` (`definitions`); energy per request follows the attribution rule "
         "there (energy split in proportion to output tokens served).",
         "",

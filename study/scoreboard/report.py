@@ -4,7 +4,7 @@ the strict JSON and the short table on stdout."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,7 @@ def _trace(info: dict[str, Any]) -> str:
     return trace if start is None else f"{trace} @{start:g} s"
 
 
-def _periods_line(payload: dict[str, Any]) -> str:
+def periods_line(payload: Mapping[str, Any]) -> str:
     """The control periods the rows decided at (each row's own where the board recorded
     it: the fast MPC, ``mpc-online``, the peers and outside rows each have theirs), the
     MPC's horizon, and the SLO target and engine view every controller was given."""
@@ -270,7 +270,7 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{payload['config']['jobs']} worker process(es). Definitions: `docs/scoreboard.md`.",
         "Energy saved is relative to the maximum clock; SLO holds when attainment is within "
         "1 point of the maximum clock's; capture = (E_max - E) / (E_max - E_oracle).",
-        _periods_line(payload),
+        periods_line(payload),
         _chain_line(payload["config"]),
         "",
     ]

@@ -424,3 +424,18 @@ def test_a_report_stopped_midway_leaves_the_earlier_report_whole(
     with pytest.raises(KeyboardInterrupt):
         publish.write_report(payload, tmp_path, created_utc="later")
     assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == earlier
+
+
+def test_the_report_says_the_period_each_row_decided_at(
+    tiny_report: tuple[Path, int, str, str],
+) -> None:
+    """report.md, the citable report, says each row's control period where it is not the
+    board's, and the SLO target and view every controller was given, as scoreboard.md
+    does: it said 'control period 1 s' beside rows decided every 0.25 s."""
+    report, code, _, stderr = tiny_report
+    assert code == 0, stderr
+    text = (report / "report.md").read_text()
+    assert "Control period 1 s (mpc 0.5 s; agft 0.3 s; mpc-online, default-dvfs, pid, " in text
+    assert "observed the vllm engine view." in text
+    rows = _strict_load((report / "report.json").read_text())["rows"]
+    assert {r["controller"]: r["control_period_s"] for r in rows}["pid"] == 0.25
