@@ -127,3 +127,17 @@ def test_scoreboard_without_matplotlib(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["bench", "controllers", "--tiny", "--out", str(tmp_path / "b")]) == 2
     assert "bench controllers" in _one_line_error(capsys, "plots")
+
+
+def test_readme_and_packaging_doc_name_every_node_dependency() -> None:
+    """README.md and docs/packaging.md list what the node's install carries: each of
+    pyproject's dependencies is named there, so a reader auditing a node sees them all."""
+    spelled = {"scipy": "SciPy"}
+    for page in ("README.md", "docs/packaging.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        missing = [
+            name
+            for name in sorted(_names(_project()["dependencies"]))
+            if spelled.get(name, name) not in text
+        ]
+        assert missing == [], f"{page} does not name {missing}"
