@@ -100,3 +100,16 @@ def test_config_tables_name_every_key_with_its_default() -> None:
                     f"{section} {key}: the table says {cell}, the default is {actual!r}"
                 )
     assert not problems, problems
+
+
+def test_daemon_module_table_names_every_daemon_module() -> None:
+    """docs/daemon.md's module table is the map of daemon/: each module has a row (a
+    module split out of another, or added, gets one with it)."""
+    text = DAEMON_MD.read_text()
+    start = text.index("| module | role |")
+    table = text[start : text.index("\n\n", start)]
+    named = set(re.findall(r"`daemon/([a-z_]+\.py)`", table))
+    daemon = DAEMON_MD.parents[1] / "daemon"
+    modules = {p.name for p in daemon.glob("*.py") if p.name != "__init__.py"}
+    assert sorted(modules - named) == []
+    assert sorted(named - modules) == []
