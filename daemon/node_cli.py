@@ -521,7 +521,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Observe GPUs and the serving engine, decide a clock, lock it; "
         "every lock is reset on exit. Exit codes: 0 ok, 1 run-time failure, 2 usage or "
         "config error, 3 permission denied, 4 no usable GPU, 5 GPU lost, 6 clocks not reset "
-        "(named).",
+        "(named), 130 interrupted (Ctrl-C; every lock reset).",
     )
     run_parser.add_argument("--config", metavar="FILE", help="TOML config (a real node)")
     run_parser.add_argument(

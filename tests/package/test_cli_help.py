@@ -134,3 +134,14 @@ def test_commands_md_synopses_list_each_commands_flags_and_only_those() -> None:
         known = {o for action in parser._actions for o in action.option_strings}
         problems += [f"daemon.md: {command}: {f} is no flag of it" for f in _flags(text) - known]
     assert not problems, problems
+
+
+def test_run_help_states_every_exit_code_of_the_daemon_table() -> None:
+    """``gpugov run --help`` lists the exit codes docs/daemon.md's table gives the daemon:
+    each ``ExitCode`` but 143, which only the long offline commands return."""
+    from gpugov.daemon.errors import ExitCode
+
+    run = dict(_parsers(build_parser()))["gpugov run"]
+    description = " ".join((run.description or "").split())
+    stated = {int(code) for code in re.findall(r"\b(\d+) [A-Za-z]", description)}
+    assert stated == {int(code) for code in ExitCode} - {ExitCode.TERMINATED}
