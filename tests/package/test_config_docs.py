@@ -113,3 +113,14 @@ def test_daemon_module_table_names_every_daemon_module() -> None:
     modules = {p.name for p in daemon.glob("*.py") if p.name != "__init__.py"}
     assert sorted(modules - named) == []
     assert sorted(named - modules) == []
+
+
+def test_recording_section_names_every_header_field() -> None:
+    """docs/daemon.md's "Recording and replay" describes the recording's header: every
+    field a header may carry (``record_reader.HEADER_FIELDS``) is named there."""
+    from gpugov.daemon.record_reader import HEADER_FIELDS
+
+    text = DAEMON_MD.read_text()
+    start = text.index("## Recording and replay")
+    section = text[start : text.index("\n## ", start + 1)]
+    assert sorted(f for f in HEADER_FIELDS if f"`{f}`" not in section) == []
