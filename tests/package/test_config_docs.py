@@ -124,3 +124,17 @@ def test_recording_section_names_every_header_field() -> None:
     start = text.index("## Recording and replay")
     section = text[start : text.index("\n## ", start + 1)]
     assert sorted(f for f in HEADER_FIELDS if f"`{f}`" not in section) == []
+
+
+def test_recording_section_names_every_tick_field() -> None:
+    """The same section describes a tick line: each field of ``TickRecord``, which the
+    recorder writes whole, is named there."""
+    import dataclasses
+
+    from gpugov.daemon.domain import TickRecord
+
+    text = DAEMON_MD.read_text()
+    start = text.index("## Recording and replay")
+    section = text[start : text.index("\n## ", start + 1)]
+    fields = [f.name for f in dataclasses.fields(TickRecord)]
+    assert [f for f in fields if f"`{f}`" not in section] == []
