@@ -104,3 +104,19 @@ def test_example_output_directories_have_their_parent_made(page: Path) -> None:
             if not re.search(r"mkdir -p [^\n]*\b" + re.escape(str(parent)) + r"\b", block):
                 missing.append(f"gpugov {command}: {parent}/ is not made before it")
     assert not missing, missing
+
+
+def test_input_rules_table_gives_each_file_kind_its_caps() -> None:
+    """docs/commands.md's table of input file caps has one row per kind the bounded
+    reader knows (``FILE_LIMITS``), with that kind's size and line caps."""
+    from gpugov.plant.input_files import FILE_LIMITS
+
+    units = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+    text = (REPO / "docs" / "commands.md").read_text()
+    start = text.index("| kind | size cap | line cap |")
+    rows = text[start : text.index("\n\n", start)].splitlines()[2:]
+    stated = sorted(
+        tuple(int(n) * units[u] for n, u in re.findall(r"\| (\d+) ([KMG]iB) ", row + " "))
+        for row in rows
+    )
+    assert stated == sorted((lim.max_bytes, lim.max_line_bytes) for lim in FILE_LIMITS.values())
