@@ -120,3 +120,27 @@ def test_input_rules_table_gives_each_file_kind_its_caps() -> None:
         for row in rows
     )
     assert stated == sorted((lim.max_bytes, lim.max_line_bytes) for lim in FILE_LIMITS.values())
+
+
+def test_numbers_table_names_every_range_checked_flag() -> None:
+    """docs/commands.md's table of numeric flags names each flag whose value a typed
+    converter range-checks (``gpugov.daemon.cli_types``), in every command."""
+    import argparse
+
+    text = (REPO / "docs" / "commands.md").read_text()
+    start = text.index("| kind | range | flags |")
+    table = text[start : text.index("\n\n", start)]
+    named = set(re.findall(r"--[a-z][a-z-]*", table))
+    checked: set[str] = set()
+    parsers = [build_parser()]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif (
+                action.help != argparse.SUPPRESS
+                and action.option_strings
+                and getattr(action.type, "__module__", "") == "gpugov.daemon.cli_types"
+            ):
+                checked.add(action.option_strings[-1])
+    assert sorted(checked - named) == []
