@@ -76,7 +76,9 @@ def _documented_usage(page: str) -> dict[str, str]:
     ``bench controllers``): each ``gpugov CMD ...`` line with its indented continuations
     (a command given twice, ``actuator --probe``, is joined)."""
     usage: dict[str, str] = {}
-    for block in re.findall(r"```\n(.*?)```", (DOCS / page).read_text(), re.S):
+    # Each fenced block from its opening fence (a language named or not) to its closing
+    # one: a closing fence is never taken for an opening one.
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M):
         command = None
         for line in block.splitlines():
             match = re.match(r"gpugov ([a-z-]+(?: (?:show|export|controllers))?)\b", line)
@@ -145,3 +147,22 @@ def test_run_help_states_every_exit_code_of_the_daemon_table() -> None:
     description = " ".join((run.description or "").split())
     stated = {int(code) for code in re.findall(r"\b(\d+) [A-Za-z]", description)}
     assert stated == {int(code) for code in ExitCode} - {ExitCode.TERMINATED}
+
+
+def test_daemon_md_full_synopses_list_each_commands_flags() -> None:
+    """daemon.md's synopses that do not end in ``...`` (``emulate`` and ``load`` point to
+    commands.md for the rest) name every flag ``--help`` lists, as commands.md's do."""
+    parsers = dict(_parsers(build_parser()))
+    problems = []
+    for command, text in _documented_usage("daemon.md").items():
+        if text.rstrip().endswith("..."):
+            continue
+        shown = {
+            option
+            for action in parsers[f"gpugov {command}"]._actions
+            if action.help != argparse.SUPPRESS
+            for option in action.option_strings
+            if option.startswith("--") and option != "--help"
+        }
+        problems += [f"{command}: {flag}" for flag in sorted(shown - _flags(text))]
+    assert problems == []
