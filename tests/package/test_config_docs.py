@@ -138,3 +138,18 @@ def test_recording_section_names_every_tick_field() -> None:
     section = text[start : text.index("\n## ", start + 1)]
     fields = [f.name for f in dataclasses.fields(TickRecord)]
     assert [f for f in fields if f"`{f}`" not in section] == []
+
+
+def test_exit_reset_tries_are_stated_as_the_actuator_makes_them() -> None:
+    """docs/operator.md and docs/daemon.md give the exit's reset tries (the first and its
+    retries together) as ``ClockActuator`` makes them."""
+    import inspect
+
+    from gpugov.daemon.actuator import ClockActuator
+
+    tries = inspect.signature(ClockActuator).parameters["reset_attempts"].default
+    words = {"three": 3, "four": 4, "five": 5, "six": 6}
+    operator = " ".join((DAEMON_MD.parent / "operator.md").read_text().split())
+    stated = re.search(r"A reset that fails is tried (\w+) times in all", operator)
+    assert stated is not None and words[stated.group(1)] == tries
+    assert f"even after {tries} tries with backoff" in " ".join(DAEMON_MD.read_text().split())
