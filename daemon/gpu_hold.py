@@ -26,8 +26,11 @@ import os
 import socket
 import struct
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from gpugov.daemon.errors import ConfigError
 
@@ -36,6 +39,14 @@ log = logging.getLogger(__name__)
 SCOPE_ENV = "GPUGOV_GPU_HOLD_SCOPE"
 """The environment variable naming the set of holds a run takes part in (default
 ``gpugov``)."""
+
+ANSWER_POLL_S = 0.1
+"""How often a hold's answering thread looks whether it was let go."""
+
+PROBE_TRIES = 20
+PROBE_WAIT_S = 0.05
+"""A probe of a hold whose listen queue is full (its answering thread behind) tries again
+this often, this long apart, before it says the holder is not known."""
 
 PHYSICAL_BACKENDS = frozenset({"nvml", "nvidia-smi", "actuator", "zeusd"})
 """Backends whose GPU is a physical one, named by its UUID node-wide; an emulated GPU is
@@ -64,17 +75,27 @@ def hold_name(uuid: str, where: str = "") -> bytes:
     return b"\0gpugov-gpu-" + digest.encode()
 
 
-def _holder(name: bytes) -> str:
+def _holder(name: bytes) -> str | None:
     """Who holds the socket ``name``: its pid and command line, as the kernel gives the
-    listener's credentials to a connecting client (``"pid unknown"`` when it cannot)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(1.0)
-            probe.connect(name)
-            credentials = probe.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
-            )
-    except OSError:
+    listener's credentials to a connecting client; None where nobody listens there
+    (``"pid unknown"`` where the connection fails otherwise: held, the holder not told)."""
+    credentials = None
+    for _ in range(PROBE_TRIES):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(PROBE_WAIT_S)
+                probe.connect(name)
+                credentials = probe.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+                )
+            break
+        except (ConnectionRefusedError, FileNotFoundError):
+            return None
+        except BlockingIOError:  # the holder's listen queue is full for now: try again
+            time.sleep(PROBE_WAIT_S)
+        except OSError:
+            return "pid unknown"
+    if credentials is None:
         return "pid unknown"
     pid = struct.unpack("3i", credentials)[0]
     try:
@@ -87,6 +108,17 @@ def _holder(name: bytes) -> str:
     return f"pid {pid} ({command})" if command else f"pid {pid}"
 
 
+def _emulator_key(emulator: str) -> str:
+    """An emulator's address as its holds are keyed: host and port, however the URL is
+    written (``http://127.0.0.1:8000/v1/`` and ``127.0.0.1:8000`` are one emulator)."""
+    parts = urlsplit(emulator if "//" in emulator else f"//{emulator}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{(parts.hostname or '').lower()}:{port}"
+
+
 def _name_for(uuid: str, kind: str, emulator: str | None) -> bytes | None:
     """The hold's name for GPU ``uuid`` through backend ``kind``; None where no hold
     applies (no UUID, a simulated GPU, a platform without abstract sockets)."""
@@ -95,7 +127,7 @@ def _name_for(uuid: str, kind: str, emulator: str | None) -> bytes | None:
     if kind in PHYSICAL_BACKENDS:
         return hold_name(uuid)
     if kind == "emulated" and emulator:
-        return hold_name(uuid, emulator.rstrip("/"))
+        return hold_name(uuid, _emulator_key(emulator))
     return None
 
 
@@ -103,24 +135,51 @@ def holder_of(uuid: str, kind: str, *, emulator: str | None = None) -> str | Non
     """Who holds GPU ``uuid`` now (``"pid 4242 (gpugov run ...)"``), or None when no
     gpugov does: what ``gpugov status`` shows, holding nothing itself."""
     name = _name_for(uuid, kind, emulator)
-    if name is None:
-        return None
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(1.0)
-            probe.connect(name)
-    except OSError:  # no listener: nobody holds it
-        return None
-    return _holder(name)
+    return None if name is None else _holder(name)
 
 
-def hold_gpu(
-    uuid: str, kind: str, *, named: str, emulator: str | None = None
-) -> socket.socket | None:
+class GpuHold:
+    """A GPU held for this process: the bound socket, and the thread that takes and
+    closes every connection a prober makes (it reads the holder's credentials as it
+    connects; left queued, they filled the listen queue and later probes could no longer
+    tell the holder)."""
+
+    def __init__(self, held: socket.socket, named: str) -> None:
+        self._socket = held
+        self._stop = threading.Event()
+        held.settimeout(ANSWER_POLL_S)
+        self._thread = threading.Thread(target=self._answer, name=f"gpu-hold-{named}", daemon=True)
+        self._thread.start()
+
+    def _answer(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            connection.close()
+
+    def stop(self) -> None:
+        """Ask the answering thread to end (at most :data:`ANSWER_POLL_S` later)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Let the GPU go: the answering thread ended first (a socket closed under a
+        blocked accept kept its name bound a moment), then the socket, which frees the
+        name at once."""
+        self._stop.set()
+        self._thread.join(2 * ANSWER_POLL_S)
+        with contextlib.suppress(OSError):
+            self._socket.close()
+
+
+def hold_gpu(uuid: str, kind: str, *, named: str, emulator: str | None = None) -> GpuHold | None:
     """Hold GPU ``uuid`` (opened through backend ``kind``, ``named`` as the user named it)
     for this process: the socket to keep open while the run may lock it, or None where no
     hold applies (a simulated GPU, a platform without abstract sockets, a sandbox that
-    refuses the socket: logged).
+    refuses the socket: logged). A thread answers the probes of other processes.
 
     Raises:
         GpuHeld: another process holds it (the message names the GPU and the holder).
@@ -131,7 +190,7 @@ def hold_gpu(
     held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         held.bind(name)
-        held.listen(8)
+        held.listen(socket.SOMAXCONN)
     except OSError as error:
         held.close()
         if error.errno != errno.EADDRINUSE:
@@ -142,7 +201,7 @@ def hold_gpu(
                 error.strerror or error,
             )
             return None
-        holder = _holder(name)
+        holder = _holder(name) or "pid unknown"
         shown = named if named == uuid else f"{named} ({uuid})"
         raise GpuHeld(
             f"GPU {shown} is held by another gpugov on this node ({holder}): two governors "
@@ -151,8 +210,7 @@ def hold_gpu(
             uuid,
             holder,
         ) from error
-    held.set_inheritable(False)
-    return held
+    return GpuHold(held, named)
 
 
 @contextlib.contextmanager
@@ -170,9 +228,10 @@ def held_for(uuid: str, kind: str, *, named: str, emulator: str | None = None) -
         release([held] if held is not None else [])
 
 
-def release(holds: list[socket.socket]) -> None:
-    """Let the holds go (closing a socket frees its name at once)."""
+def release(holds: list[GpuHold]) -> None:
+    """Let the holds go (their threads asked to end together, then each closed)."""
     for held in holds:
-        with contextlib.suppress(OSError):
-            held.close()
+        held.stop()
+    for held in holds:
+        held.close()
     holds.clear()

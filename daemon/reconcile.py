@@ -88,9 +88,9 @@ def reset_left_locks(
                         state.clear(key)
                         line = f"{found}; governed by this config (its domain reconciled it)"
                     else:
-                        calls.call(backend.reset_clocks)
-                        state.clear(key)
-                        line = f"{found}; reset"
+                        line = _reset_unless_held(
+                            config, state, key, gpu_key(backend), named, found, backend, calls
+                        )
                 elif gpu_key(backend) != key and gpu_key(backend) == backend.label:
                     # A backend without UUIDs (nvidia-smi): "GPU 0 is now 0" said nothing,
                     # and its reset-clocks would not clear an entry keyed by a UUID.
@@ -116,7 +116,7 @@ def reset_left_locks(
                         "`gpugov reset-clocks` on the recorded GPU"
                     )
                 else:
-                    line = _reset_unless_held(config, state, key, named, found, backend, calls)
+                    line = _reset_unless_held(config, state, key, key, named, found, backend, calls)
             except (GpugovError, CallTimeout) as error:
                 then = _lost_advice(error) or _reset_command(advice, named)
                 line = f"{found}; reset FAILED ({error}): {then}"
@@ -133,17 +133,19 @@ def _reset_unless_held(
     config: GpugovConfig,
     state: LockState,
     key: str,
+    uuid: str,
     named: str,
     found: str,
     backend: GpuBackend,
     calls: SerialCalls,
 ) -> str:
-    """Reset the lock a previous run left on GPU ``key`` (the recorded one), held for the
-    reset (:func:`daemon.gpu_hold.held_for`); the line. A GPU another gpugov governs now
-    (a second daemon took it after the config dropped it) is left to it: its lock is that
+    """Reset the lock a previous run left on GPU ``uuid`` (recorded as ``key``: its UUID,
+    or its index by a backend without UUIDs), held for the reset
+    (:func:`daemon.gpu_hold.held_for`); the line. A GPU another gpugov governs now (a
+    second daemon took it after the config dropped it) is left to it: its lock is that
     one's, and the reset would undo it. The entry is dropped either way."""
     try:
-        with held_for(key, config.daemon.backend, named=named, emulator=config.daemon.emulator):
+        with held_for(uuid, config.daemon.backend, named=named, emulator=config.daemon.emulator):
             calls.call(backend.reset_clocks)
     except GpuHeld as held:
         state.clear(key)

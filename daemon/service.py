@@ -7,7 +7,6 @@ object (the CLI loads it, this turns it into parts).
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from gpugov.daemon.errors import (
     GpugovError,
 )
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.gpu_hold import GpuHeld, hold_gpu, release
+from gpugov.daemon.gpu_hold import GpuHeld, GpuHold, hold_gpu, release
 from gpugov.daemon.gpu_open import (
     check_actuator_serves,
     check_configured_clocks,
@@ -98,7 +97,7 @@ class Assembled:
     held_models: list[IO[str]] = field(default_factory=list)
     """The hold files of the domains' learned models (:func:`hold_models`), closed with
     the rest."""
-    gpu_holds: list[socket.socket] = field(default_factory=list)
+    gpu_holds: list[GpuHold] = field(default_factory=list)
     """The holds on the GPUs this run locks (:func:`daemon.gpu_hold.hold_gpu`), let go
     last."""
 

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -229,7 +228,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         GpuUnavailable,
         PermissionDenied,
     )
-    from gpugov.daemon.gpu_hold import GpuHeld, hold_gpu, release
+    from gpugov.daemon.gpu_hold import GpuHeld, GpuHold, hold_gpu, release
     from gpugov.daemon.gpu_open import open_backend
     from gpugov.daemon.loop import stop_on_signals
     from gpugov.daemon.stop_signals import StopEvent
@@ -313,7 +312,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         _check_emulator_speed(engine_base, "--engine-url", api_key)
     _check_one_emulated_engine(engine_base, gpus, api_key)
     backends = []
-    holds: list[socket.socket] = []  # the GPUs' holds against a governor (daemon.gpu_hold)
+    holds: list[GpuHold] = []  # the GPUs' holds against a governor (daemon.gpu_hold)
     named: dict[str, str] = {}  # UUID -> how --gpus named it first
     try:
         for gpu in gpus:

@@ -11,7 +11,7 @@ import pytest
 from fake_pynvml import FakeNvml
 
 from gpugov.daemon.config import parse_config
-from gpugov.daemon.gpu_hold import SCOPE_ENV, GpuHeld, hold_gpu, release
+from gpugov.daemon.gpu_hold import SCOPE_ENV, GpuHeld, hold_gpu, holder_of, release
 from gpugov.daemon.service import domains_from_config
 
 pytestmark = pytest.mark.skipif(
@@ -100,3 +100,22 @@ def test_a_second_daemon_with_its_own_state_directory_is_refused_before_any_writ
     finally:
         first.close()
     domains_from_config(_config(tmp_path / "b", [1], "other"), nvml=fake).close()  # type: ignore[arg-type]
+
+
+def test_the_holder_is_told_to_every_probe_and_no_one_once_let_go() -> None:
+    """A hold listened and never took a connection: each probe's stayed queued, and past
+    the listen queue (about nine) a probe read 'pid unknown', then no holder at all.
+    Released, the GPU can be held again at once."""
+    held = hold_gpu("GPU-cc", "nvml", named="0")
+    assert held is not None
+    try:
+        for _ in range(30):
+            holder = holder_of("GPU-cc", "nvml")
+            assert holder is not None and holder.startswith(f"pid {os.getpid()} (")
+    finally:
+        release([held])
+    assert holder_of("GPU-cc", "nvml") is None
+    for _ in range(20):
+        again = hold_gpu("GPU-cc", "nvml", named="0")
+        assert again is not None
+        release([again])
