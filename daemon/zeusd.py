@@ -23,6 +23,7 @@ import contextlib
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -97,6 +98,7 @@ class ZeusdClient:
         self.users = 0
         """The GPUs sharing this client (:func:`shared_zeusd_client`)."""
         self._probed_s = -1e9
+        self._lock = threading.Lock()
         self._resolve = Resolver()
         """zeusd's host name (``url``) looked up within ``timeout_s``: the system's lookup
         has no deadline, and a DNS server that does not answer held each request."""
@@ -162,8 +164,9 @@ class ZeusdClient:
         try:
             connection = self._connection()
         except OSError as error:  # its name did not resolve (in time)
-            self._failed(f"zeusd at {self.where} unreachable: {error}")
-            raise ZeusdUnavailable(str(self.problem)) from error
+            raise ZeusdUnavailable(
+                self._failed(f"zeusd at {self.where} unreachable: {error}")
+            ) from error
         # One deadline for the whole exchange: the socket's timeout bounds each read, and a
         # zeusd that answers a byte now and then held the call (the loop's probe) for as
         # long as it trickled.
@@ -177,20 +180,17 @@ class ZeusdClient:
                 raise TimeoutError
         except (OSError, http.client.HTTPException) as error:
             if deadline.expired:
-                self._failed(
-                    f"zeusd at {self.where}: no complete answer within {self.timeout_s:g} s"
-                )
+                problem = f"zeusd at {self.where}: no complete answer within {self.timeout_s:g} s"
             else:
-                self._failed(f"zeusd at {self.where} unreachable: {error}")
-            raise ZeusdUnavailable(str(self.problem)) from error
+                problem = f"zeusd at {self.where} unreachable: {error}"
+            raise ZeusdUnavailable(self._failed(problem)) from error
         finally:
             deadline.cancel()
             connection.close()
         status = response.status
         message = body[:MAX_BODY_BYTES].decode("utf-8", "replace").strip()
         if status >= 500:
-            self._failed(f"zeusd at {self.where}: HTTP {status}: {message}")
-            raise ZeusdUnavailable(str(self.problem))
+            raise ZeusdUnavailable(self._failed(f"zeusd at {self.where}: HTTP {status}: {message}"))
         self.problem = None
         if status in (401, 403):
             raise PeerRefused(
@@ -208,10 +208,15 @@ class ZeusdClient:
         except (ValueError, RecursionError):  # RecursionError: nested too deep
             return None
 
-    def _failed(self, problem: str) -> None:
-        """Count a failed request and keep its reason for ``check``."""
-        self.failures += 1
-        self.problem = problem
+    def _failed(self, problem: str) -> str:
+        """Count a failed request and keep its reason for ``check``; the reason. The
+        client is shared by the node's GPUs, whose writer threads call it at once: the
+        count is kept under a lock, and each raise names its own failure (another
+        thread's success may clear ``problem`` in between)."""
+        with self._lock:
+            self.failures += 1
+            self.problem = problem
+        return problem
 
     def check(self) -> str | None:
         """Once per tick: None when zeusd took the last request; else probe
