@@ -367,8 +367,6 @@ def _simulated_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     cap_ticks: list[float] = []
     cap_series: list[list[float]] = []
     need_series: list[list[float | None]] = []
-    for node in nodes:  # each node's first tick, at 0 s, as a simulated node's
-        node.start()
     energy_mark = [0.0] * len(nodes)
     last_needs: list[float | None] = [None] * len(nodes)
     allocation_mark = [0.0] * len(nodes)
@@ -377,6 +375,10 @@ def _simulated_cell(cell: Cell, shared: Mapping[str, Any]) -> dict[str, Any]:
     upcoming = next(arrivals, None)
     progress: CellProgress | None = shared.get("progress")
     try:
+        # Each node's first tick, at 0 s, as a simulated node's: inside the ``try``, so a
+        # controller failing at its first decision still has every node's controller closed.
+        for node in nodes:
+            node.start()
         for tick in range(config.ticks):
             now = tick * period
             if allocate is not None and tick > 0 and (tick % every == 0 or tick == signal_tick):

@@ -142,6 +142,25 @@ def test_a_fleet_closes_its_nodes_and_its_check(closable: Log, tmp_path: Path) -
     _all_closed(closable)
 
 
+def test_a_fleet_whose_controller_fails_at_its_first_decision_closes_every_node(
+    module_on_path: Callable[[str, str], str], tmp_path: Path
+) -> None:
+    """The nodes' first decision, at 0 s, ran before the run's ``try``: a controller
+    failing there left every node's controller open."""
+    folder = tmp_path / "log"
+    folder.mkdir()
+    source = CLOSABLE.format(log=str(folder)).replace(
+        "        return self.clocks[-1]", '        raise RuntimeError("no decision")'
+    )
+    module_on_path("failing_first_gov", source)
+    flags = ["--nodes", "2", "--no-step", "--duration", "10", "--drain", "5"]
+    flags += ["--trace", "azure-conv-10min", "--trace-start", "0", "--budgets", "1.0"]
+    flags += ["--allocators", "uniform", "--jobs", "1", "--quiet"]
+    out = tmp_path / "out"
+    assert main(["fleet", *flags, "--controller", "failing_first_gov:make", "--out", str(out)]) != 0
+    _all_closed(Log(folder))
+
+
 def test_a_close_that_fails_is_one_line_not_the_run(
     module_on_path: Callable[[str, str], str], caplog: pytest.LogCaptureFixture
 ) -> None:
