@@ -196,13 +196,25 @@ def periods_line(payload: Mapping[str, Any]) -> str:
         if own is not None and own != period and row["controller"] not in others.get(own, []):
             others.setdefault(own, []).append(row["controller"])
     if others:
-        rest = "; ".join(
-            f"{', '.join(map(markdown_text, keys))} {own:g} s"
-            for own, keys in sorted(others.items(), reverse=True)
+        rest = (
+            " ("
+            + "; ".join(
+                f"{', '.join(map(markdown_text, keys))} {own:g} s"
+                for own, keys in sorted(others.items(), reverse=True)
+            )
+            + ")"
         )
+    elif any(row.get("control_period_s") is not None for row in payload["rows"]):
+        rest = ", every row"  # the rows recorded their periods, all the board's
     else:  # a board from before the rows recorded their periods
-        rest = f"the fast MPC {config.get('fast_mpc_period_s', period):g} s" + (
-            f", mpc-online {config['online_period_s']:g} s" if "online_period_s" in config else ""
+        rest = (
+            f" (the fast MPC {config.get('fast_mpc_period_s', period):g} s"
+            + (
+                f", mpc-online {config['online_period_s']:g} s"
+                if "online_period_s" in config
+                else ""
+            )
+            + ")"
         )
     target = config.get("slo_target")
     given = (
@@ -217,9 +229,7 @@ def periods_line(payload: Mapping[str, Any]) -> str:
         )
         + f" and observed the {config['engine_view']} engine view."
     )
-    return (
-        f"Control period {period:g} s ({rest}); MPC horizon {config['mpc_horizon_s']:g} s." + given
-    )
+    return f"Control period {period:g} s{rest}; MPC horizon {config['mpc_horizon_s']:g} s." + given
 
 
 def _chain_line(config: dict[str, Any]) -> str:

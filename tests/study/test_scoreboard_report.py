@@ -439,3 +439,24 @@ def test_the_report_says_the_period_each_row_decided_at(
     assert "observed the vllm engine view." in text
     rows = _strict_load((report / "report.json").read_text())["rows"]
     assert {r["controller"]: r["control_period_s"] for r in rows}["pid"] == 0.25
+
+
+def test_the_periods_line_says_every_row_where_no_row_decides_at_another_period() -> None:
+    """Rows that recorded their periods, all the board's: the line named the fast MPC at
+    0.5 s and mpc-online at 0.25 s, rows the board did not have (the fallback of boards
+    from before the rows recorded their periods)."""
+    config = {
+        "control_period_s": 1.0,
+        "fast_mpc_period_s": 0.5,
+        "online_period_s": 0.25,
+        "mpc_horizon_s": 10.0,
+    }
+    rows = [
+        {"controller": "max", "control_period_s": 1.0},
+        {"controller": "reactive", "control_period_s": 1.0},
+    ]
+    line = scoreboard_report.periods_line({"config": config, "rows": rows})
+    assert line == "Control period 1 s, every row; MPC horizon 10 s."
+    old = [{"controller": "max"}, {"controller": "reactive"}]
+    line = scoreboard_report.periods_line({"config": config, "rows": old})
+    assert line == "Control period 1 s (the fast MPC 0.5 s, mpc-online 0.25 s); MPC horizon 10 s."
