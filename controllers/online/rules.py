@@ -515,7 +515,8 @@ class MeasuredLatencyRules:
         outlasts the TPOT SLO: the top clock would not save them.)
         Where the waiting prompts do not fit the room the engine's published KV cache has
         left, the top clock: they are admitted only as running replies finish, which the
-        drain by the prefill rate leaves out (a lower clock held them queued longer).
+        drain by the prefill rate leaves out (a lower clock held them queued longer); not
+        on a prefill pool, whose cache the transfers free.
 
         ``target_share``, where given, is a tighter share of the flat SLO to drain within
         (a prefill pool's warm-up keeps the measured TTFT under its parking threshold,
@@ -523,10 +524,11 @@ class MeasuredLatencyRules:
         """
         ttft_slo_s, tpot_slo_s = slos
         backlog = observation.prefill_remaining_tokens
-        if _waits_for_cache(observation):
+        if observation.role != "prefill" and _waits_for_cache(observation):
             # Prompts the cache has no room for are admitted only as the running replies
             # finish and free theirs: decoding faster is what drains them, whatever a
-            # drain by the prefill rate alone would allow.
+            # drain by the prefill rate alone would allow. (A prefill pool's cache is
+            # freed by the transfers to the decode pool, which its clock does not hasten.)
             assert self.model is not None
             return float(self.model.clocks_mhz[-1])
         # A pool of disaggregated serving is judged on one phase: no short answers decode

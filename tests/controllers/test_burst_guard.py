@@ -712,3 +712,5 @@ def test_prompts_the_kv_cache_has_no_room_for_get_the_top_clock() -> None:
     # Nothing waits: no guard, however full the cache.
     idle = replace(full, waiting_requests=0, prefill_remaining_tokens=0.0)
     assert controller.burst_floor(idle, slos) is None
+    # A prefill pool's cache is freed by the transfers, which its clock does not hasten.
+    assert controller.burst_floor(replace(full, role="prefill"), slos) == CLOCKS[0]
