@@ -907,6 +907,19 @@ def _start_on_gpu_0_and_stop(
         assert node_cli.main(["run", "--config", str(config)]) == 0
 
 
+def _killed_run_on_gpus_0_and_1(fake: FakeNvml, state_dir: Path) -> None:
+    """A run that locked GPUs 0 and 1 at 1410 MHz (its lock record in ``state_dir``) and
+    was SIGKILLed: nothing reset."""
+    from gpugov.daemon.actuator import ClockActuator
+    from gpugov.daemon.lockstate import LockState
+    from gpugov.daemon.nvml import NvmlBackend
+
+    killed = ClockActuator(
+        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
+    )
+    killed.apply(1410)
+
+
 def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     tmp_path: Path,
     metrics_server: MetricsServer,
@@ -918,15 +931,10 @@ def test_a_lock_a_killed_run_left_on_a_gpu_no_longer_configured_is_reset(
     (recorded in the state directory) is reset too: reconcile saw only the configured
     GPUs, and GPU 1 stayed locked low with its record kept."""
 
-    from gpugov.daemon.actuator import ClockActuator
     from gpugov.daemon.lockstate import LockState
-    from gpugov.daemon.nvml import NvmlBackend
 
     state_dir = tmp_path / "state"
-    killed = ClockActuator(
-        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
-    )
-    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    _killed_run_on_gpus_0_and_1(fake, state_dir)
     assert fake.locked(1) == (1410, 1410)
     LockState(state_dir, pid=1).record("GPU-gone", "7", 900, 900)  # a GPU since removed
     _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
@@ -955,16 +963,11 @@ def test_a_left_lock_on_a_gpu_another_governor_holds_now_is_left_to_it(
     holder, and the stale record dropped."""
     import os
 
-    from gpugov.daemon.actuator import ClockActuator
     from gpugov.daemon.gpu_hold import hold_gpu, release
     from gpugov.daemon.lockstate import LockState
-    from gpugov.daemon.nvml import NvmlBackend
 
     state_dir = tmp_path / "state"
-    killed = ClockActuator(
-        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
-    )
-    killed.apply(1410)
+    _killed_run_on_gpus_0_and_1(fake, state_dir)
     other = hold_gpu("GPU-fake-0001", "nvml", named="1")  # the other governor, running
     try:
         _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
@@ -1023,15 +1026,10 @@ def test_a_lock_a_killed_run_left_on_a_lost_gpu_no_longer_configured_names_no_co
     lost GPU as the reset did; it now says that no command reaches it, and the record is
     kept (the driver reload or reboot it needs clears the lock, and the start after it
     finds what is left)."""
-    from gpugov.daemon.actuator import ClockActuator
     from gpugov.daemon.lockstate import LockState
-    from gpugov.daemon.nvml import NvmlBackend
 
     state_dir = tmp_path / "state"
-    killed = ClockActuator(
-        [NvmlBackend(i, nvml=fake) for i in range(2)], state=LockState(state_dir, pid=1)
-    )
-    killed.apply(1410)  # ... and the process is SIGKILLed: nothing reset
+    _killed_run_on_gpus_0_and_1(fake, state_dir)
     fake.lose(1)
     _start_on_gpu_0_and_stop(tmp_path, state_dir, metrics_server, monkeypatch, caplog)
     assert fake.locked(0) is None
