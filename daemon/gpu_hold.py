@@ -67,10 +67,17 @@ class GpuHeld(ConfigError):
         self.holder = holder
 
 
-def hold_name(uuid: str, where: str = "") -> bytes:
+def hold_scope() -> str:
+    """The set of holds this process takes part in (:data:`SCOPE_ENV`, else ``gpugov``):
+    read once where a start begins, so a start that ends later holds in its own."""
+    return os.environ.get(SCOPE_ENV) or "gpugov"
+
+
+def hold_name(uuid: str, where: str = "", scope: str | None = None) -> bytes:
     """The abstract socket name of the hold on GPU ``uuid`` (``where``: an emulator's
-    address, empty for a physical GPU), within :data:`SCOPE_ENV`'s scope."""
-    scope = os.environ.get(SCOPE_ENV) or "gpugov"
+    address, empty for a physical GPU), within ``scope`` (:func:`hold_scope` unless
+    given)."""
+    scope = hold_scope() if scope is None else scope
     digest = hashlib.sha256(f"{scope}\0{where}\0{uuid}".encode()).hexdigest()[:40]
     return b"\0gpugov-gpu-" + digest.encode()
 
@@ -119,15 +126,15 @@ def _emulator_key(emulator: str) -> str:
     return f"{(parts.hostname or '').lower()}:{port}"
 
 
-def _name_for(uuid: str, kind: str, emulator: str | None) -> bytes | None:
+def _name_for(uuid: str, kind: str, emulator: str | None, scope: str | None = None) -> bytes | None:
     """The hold's name for GPU ``uuid`` through backend ``kind``; None where no hold
     applies (no UUID, a simulated GPU, a platform without abstract sockets)."""
     if not sys.platform.startswith("linux") or not uuid:
         return None
     if kind in PHYSICAL_BACKENDS:
-        return hold_name(uuid)
+        return hold_name(uuid, scope=scope)
     if kind == "emulated" and emulator:
-        return hold_name(uuid, _emulator_key(emulator))
+        return hold_name(uuid, _emulator_key(emulator), scope)
     return None
 
 
@@ -175,16 +182,24 @@ class GpuHold:
             self._socket.close()
 
 
-def hold_gpu(uuid: str, kind: str, *, named: str, emulator: str | None = None) -> GpuHold | None:
+def hold_gpu(
+    uuid: str,
+    kind: str,
+    *,
+    named: str,
+    emulator: str | None = None,
+    scope: str | None = None,
+) -> GpuHold | None:
     """Hold GPU ``uuid`` (opened through backend ``kind``, ``named`` as the user named it)
     for this process: the socket to keep open while the run may lock it, or None where no
     hold applies (a simulated GPU, a platform without abstract sockets, a sandbox that
     refuses the socket: logged). A thread answers the probes of other processes.
+    ``scope``: :func:`hold_scope` as the start read it where it began.
 
     Raises:
         GpuHeld: another process holds it (the message names the GPU and the holder).
     """
-    name = _name_for(uuid, kind, emulator)
+    name = _name_for(uuid, kind, emulator, scope)
     if name is None:
         return None
     held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

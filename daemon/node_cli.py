@@ -262,26 +262,42 @@ the stop at once) before :func:`_built_unless_stopped` leaves it to its call."""
 def _built_unless_stopped(build: Callable[[], T], stop: threading.Event) -> T | None:
     """``build()`` on a worker thread until it returns or ``stop`` is set (None when it
     has not returned :data:`STOP_GRACE_S` later: a hung NVML call; nothing is locked yet).
+    A build that returns after it was given up is closed there (its GPUs, engines, files
+    and GPU holds), not left open for the rest of the process.
 
     Raises:
         Exception: what ``build`` raised.
     """
     done = threading.Event()
+    given_up = threading.Lock()
     outcome: list[T] = []
     failure: list[BaseException] = []
+    abandoned: list[bool] = []
 
     def work() -> None:
         try:
-            outcome.append(build())
+            built = build()
         except BaseException as error:  # the worker's outermost edge: raised in the caller
-            failure.append(error)
-        finally:
-            done.set()
+            with given_up:
+                failure.append(error)
+                done.set()
+            return
+        with given_up:
+            if not abandoned:
+                outcome.append(built)
+                done.set()
+                return
+        close = getattr(built, "close", None)
+        if close is not None:
+            close()
 
     threading.Thread(target=work, name="gpugov-start", daemon=True).start()
     while not done.wait(0.05):
         if stop.is_set() and not done.wait(STOP_GRACE_S):
-            return None
+            with given_up:
+                if not done.is_set():
+                    abandoned.append(True)
+                    return None
     if failure:
         raise failure[0]
     return outcome[0]

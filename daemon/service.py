@@ -43,7 +43,7 @@ from gpugov.daemon.errors import (
     GpugovError,
 )
 from gpugov.daemon.files import resolve_state_dir
-from gpugov.daemon.gpu_hold import GpuHeld, GpuHold, hold_gpu, release
+from gpugov.daemon.gpu_hold import GpuHeld, GpuHold, hold_gpu, hold_scope, release
 from gpugov.daemon.gpu_open import (
     check_actuator_serves,
     check_configured_clocks,
@@ -531,7 +531,12 @@ OPENING_GPUS = "a GPU call made as the GPUs were opened has not returned: a wedg
 
 
 def _hold(
-    assembled: Assembled, backend: GpuBackend, domain: str, named: str, config: GpugovConfig
+    assembled: Assembled,
+    backend: GpuBackend,
+    domain: str,
+    named: str,
+    config: GpugovConfig,
+    scope: str,
 ) -> None:
     """Hold ``backend``'s GPU for this run (:func:`daemon.gpu_hold.hold_gpu`).
 
@@ -540,7 +545,9 @@ def _hold(
     """
     uuid = str(getattr(backend, "uuid", None) or "")
     try:
-        held = hold_gpu(uuid, config.daemon.backend, named=named, emulator=config.daemon.emulator)
+        held = hold_gpu(
+            uuid, config.daemon.backend, named=named, emulator=config.daemon.emulator, scope=scope
+        )
     except GpuHeld as error:
         error.args = (f"domain {domain!r}: gpus: {error}",)
         raise
@@ -570,6 +577,7 @@ def domains_from_config(
             lock record is a newer gpugov's (:class:`NewerLockRecord`).
     """
     dry_run = dry_run or config.daemon.dry_run
+    scope = hold_scope()  # read where the start begins: one that ends later holds in it
     assembled = Assembled(domains=[])
     state_dir = resolve_state_dir(config.daemon.state_dir)
     state = None if dry_run or state_dir is None else LockState(state_dir)
@@ -600,7 +608,7 @@ def domains_from_config(
                 assembled.backends.append(backend)  # closed with the rest if a later one fails
                 check_opened_once(opened, backend, spec.name, str(gpu))
                 if not dry_run:  # one governor per GPU on the node: before any write
-                    _hold(assembled, backend, spec.name, str(gpu), config)
+                    _hold(assembled, backend, spec.name, str(gpu), config, scope)
             if not dry_run:  # a dry run writes nothing, so no refusal can stop it
                 check_actuator_serves(spec.name, backends)
             source = ScrapedSource(

@@ -659,3 +659,31 @@ def test_a_stop_during_the_reconciles_hung_reads_leaves_the_rest_to_the_exits_re
     assert [fake.locked(i) for i in range(4)] == [None] * 4  # GPU 3's reset too, as before
     assert fake.gpus[2].power_limit_mw == 700_000
     assert LockState(state_dir).read() == {} and LockState(state_dir).power_limits() == {}
+
+
+def test_a_start_given_up_on_is_closed_once_it_returns() -> None:
+    """A stop during a start hung in NVML gives the start up (nothing is locked yet); the
+    build went on on its thread and, once the call returned, its GPUs, engines and GPU
+    holds stayed open for the rest of the process (a test after it found the GPU held)."""
+    import gpugov.daemon.node_cli as node_cli
+
+    release = threading.Event()
+    closed = threading.Event()
+
+    class Built:
+        def close(self) -> None:
+            closed.set()
+
+    def build() -> Built:
+        release.wait(JOIN_S)
+        return Built()
+
+    stop = threading.Event()
+    stop.set()
+    assert node_cli._built_unless_stopped(build, stop) is None
+    assert not closed.is_set()
+    release.set()
+    assert closed.wait(JOIN_S)
+    # A build that returns in time is the caller's, not closed.
+    kept = node_cli._built_unless_stopped(Built, threading.Event())
+    assert isinstance(kept, Built)
