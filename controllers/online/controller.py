@@ -215,8 +215,8 @@ class OnlineMPCController(MeasuredLatencyRules):
         self.decode_descent = bool(decode_descent)
         self.clumping = ArrivalClumping()
         self._prefill_pressures: deque[tuple[float, float, float, float]] = deque()
-        """(time, TTFT pressure, one period over that TTFT SLO) measured over the last
-        :data:`PARK_MEMORY_S` (idle parking)."""
+        """(time, TTFT pressure, one period over that TTFT SLO, the clock it was measured
+        at) over the last :data:`PARK_MEMORY_S` (idle parking, the arrival floor)."""
         self._decode_pressures: deque[tuple[float, float, float, float]] = deque()
         """(time, TPOT pressure, clock it was measured at, running requests) measured over
         the last :data:`PARK_MEMORY_S` (idle parking)."""
