@@ -10,19 +10,25 @@ from synthetic import IdleGpu
 
 from gpugov.daemon.engine_sources import ScrapedSource
 from gpugov.daemon.observer import DomainObserver
+from gpugov.plant.types import ServingObservation
 
 PROMPT = 1000.0
 """Every request's prompt, in tokens."""
 
 
-def _backlog(page: str) -> float:
-    """The prefill backlog the observer reads from ``page`` at its first scrape."""
+def _first_observation(page: str) -> ServingObservation:
+    """What the observer reads from ``page`` at its first scrape."""
     observer = DomainObserver(
         [IdleGpu()],
         ScrapedSource("http://e/metrics", fetch=lambda url, t: page),
         stale_after_s=30.0,
     )
-    return observer.observe(0.0, 0, None).observation.prefill_remaining_tokens
+    return observer.observe(0.0, 0, None).observation
+
+
+def _backlog(page: str) -> float:
+    """The prefill backlog the observer reads from ``page`` at its first scrape."""
+    return _first_observation(page).prefill_remaining_tokens
 
 
 def test_sglang_mean_prompt_is_over_the_finished_requests() -> None:
@@ -85,12 +91,7 @@ def test_vllm_mean_prompt_is_over_the_first_tokens() -> None:
 
 def _observed_prompt_tokens(page: str) -> float:
     """The prompt tokens the observer reports (the work windows read) at the first scrape."""
-    observer = DomainObserver(
-        [IdleGpu()],
-        ScrapedSource("http://e/metrics", fetch=lambda url, t: page),
-        stale_after_s=30.0,
-    )
-    return observer.observe(0.0, 0, None).observation.prompt_tokens_total
+    return _first_observation(page).prompt_tokens_total
 
 
 def test_sglang_prompt_tokens_as_computed_where_it_counts_them() -> None:
