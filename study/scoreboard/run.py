@@ -381,15 +381,16 @@ def run_scenario(
             else None
         )
         timed = TimedController(chain)
+        own_period = entry.control_period_s or period  # the row's own, else the board's
         try:
-            result, wall = run(timed, entry.key, entry.control_period_s, position)
+            result, wall = run(timed, entry.key, own_period, position)
         finally:
             close_controller(chain, f"{scenario.key}: controller {entry.key!r}")
         # Decisions that were not a clock (the chain ran the top clock instead).
         extra: dict[str, Any] = {
             "invalid_decisions": invalid_decisions(chain),
             # The period it decided at, which the board's line of settings says per row.
-            "control_period_s": entry.control_period_s or period,
+            "control_period_s": own_period,
         }
         times = [float(t) for t in timed.call_times_s]
         report = inner.diagnostics() if isinstance(inner, Diagnosable) else None
