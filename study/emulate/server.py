@@ -56,7 +56,7 @@ from gpugov.daemon.cli_types import is_loopback
 from gpugov.study.emulate.api import ApiError, Responder, models_body, parse_request, token_text
 from gpugov.study.emulate.disaggregated import POOL_PATHS, DisaggregatedNode, render_pool_metrics
 from gpugov.study.emulate.metrics import render_metrics
-from gpugov.study.emulate.node import EmulatedNode
+from gpugov.study.emulate.node import UNNAMED_MODEL, EmulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -560,7 +560,7 @@ class EmulatorServer(ThreadingHTTPServer):
         host: str = "127.0.0.1",
         port: int = 8000,
         *,
-        model: str = "gpugov-emulated",
+        model: str = UNNAMED_MODEL,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the emulator serves on loopback only, got host {host!r}")
