@@ -191,7 +191,7 @@ def hold_gpu(
     scope: str | None = None,
 ) -> GpuHold | None:
     """Hold GPU ``uuid`` (opened through backend ``kind``, ``named`` as the user named it)
-    for this process: the socket to keep open while the run may lock it, or None where no
+    for this process: the hold to keep while the run may lock it, or None where no
     hold applies (a simulated GPU, a platform without abstract sockets, a sandbox that
     refuses the socket: logged). A thread answers the probes of other processes.
     ``scope``: :func:`hold_scope` as the start read it where it began.
