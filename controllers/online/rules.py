@@ -192,13 +192,21 @@ class MeasuredLatencyRules:
         :data:`PARK_MEMORY_S`."""
         self._prefill_pressures.append((time_s, ratio, share, clock_mhz))
 
-    def _arrival_park_share(self, threshold: float) -> float:
+    def _arrival_park_share(self, threshold: float, *, past_period_only: bool = False) -> float:
         """The share of the top clock a prompt arriving in the coming period needs, run
         at that clock until the next decision: from ``ratio + share * (1 - x) <=
         threshold`` over the TTFT pressures of the last :data:`PARK_MEMORY_S` (-inf with
-        none). Idle parking and the decode descent both hold it."""
+        none). Idle parking holds it; with ``past_period_only`` (the decode descent where
+        arrivals come alone), over the pressures of SLOs shorter than
+        :data:`ARRIVAL_FLOOR_PERIODS` periods alone, as the arrival floor: where the SLO
+        spans more, a later decision (the burst guard, seeing the backlog) raises the
+        clock in time."""
         return max(
-            (1.0 - (threshold - ratio) / share for _, ratio, share, _ in self._prefill_pressures),
+            (
+                1.0 - (threshold - ratio) / share
+                for _, ratio, share, _ in self._prefill_pressures
+                if not past_period_only or share * ARRIVAL_FLOOR_PERIODS > 1.0
+            ),
             default=-math.inf,
         )
 
@@ -333,8 +341,10 @@ class MeasuredLatencyRules:
         clock whose mixed iteration fits the TPOT SLO, as an idle GPU parks there (not in
         a decode pool of disaggregated serving, where no prompt is prefilled). Across a
         coarse grid's gap the clock below is allowed too (:meth:`coarse_step`), and taken
-        outright until the model has seen it. The bound is no lower than an idle GPU's
-        parking allows a prompt arriving in the coming period (:meth:`_arrival_park_share`)."""
+        outright until the model has seen it. Where arrivals clump
+        (:class:`ArrivalClumping`) or the TTFT SLO is shorter than a period, the bound is
+        no lower than an idle GPU's parking allows a prompt arriving in the coming period
+        (:meth:`_arrival_park_share`)."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
@@ -351,11 +361,16 @@ class MeasuredLatencyRules:
         clocks = model.clocks_mhz
         if observation.role != "decode":
             # A prompt arriving in the coming period runs at the descended clock until the
-            # next decision, as at an idle GPU's parking: where the period is long beside
-            # the TTFT SLO, the prompts arriving over it queue there (at a 5 s period and
-            # a 1 s SLO the lowest clock missed it). A decode pool prefills nothing.
+            # next decision: where the period outlasts the TTFT SLO, the prompts arriving
+            # over it queue there (at a 5 s period and a 1 s SLO the lowest clock missed
+            # it), and where arrivals clump a second prompt can queue behind the first
+            # there: the descent holds an idle GPU's parking bound. Where prompts come
+            # alone and the SLO spans more than a period, the burst guard raises the clock
+            # in time, and the bound from the last minute's worst TTFT (a long prompt's
+            # queueing) held decode up for nothing. A decode pool prefills nothing.
             threshold = loosened(self.exploration.explore_threshold, self.looseness)
-            bound = max(bound, float(clocks[-1]) * self._arrival_park_share(threshold))
+            share = self._arrival_park_share(threshold, past_period_only=not self.clumping.clumped)
+            bound = max(bound, float(clocks[-1]) * share)
         table = model.table(
             clocks * model.realized_ratio, float(observation.decode_active), self.context_tokens
         )

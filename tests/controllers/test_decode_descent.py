@@ -95,6 +95,41 @@ def test_memory_bound_decode_descends_to_the_physics_bound() -> None:
     assert clock * threshold / 0.3 >= 1200.0 - 1e-6  # latency stays under the threshold
 
 
+@pytest.mark.parametrize("clumped", [False, True])
+def test_a_ttft_pressure_holds_the_descent_where_arrivals_clump_or_the_slo_is_short(
+    clumped: bool,
+) -> None:
+    """A prompt arriving in a descended window runs at its clock until the next decision.
+    Where arrivals come alone and the TTFT SLO spans several periods the burst guard
+    raises the clock in time, and the last minute's worst TTFT (a long prompt's queueing)
+    held decode up for a whole minute, at more energy and with misses on unseen boards
+    (Mooncake on a B200 and on Mixtral at 70 %). Where arrivals clump (a second prompt
+    lands behind the first before the next decision) or the SLO is shorter than a period,
+    the arrival's bound stands."""
+    controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
+    arrived = 0
+    for _ in range(20):
+        arrived += 2 if clumped else 1
+        controller.clumping.update(_seen(applied=TOP, tpot_ratio=None, arrived=arrived))
+    assert controller.clumping.clumped == clumped
+    threshold = controller.exploration.explore_threshold
+    seen = _seen(applied=1200.0, tpot_ratio=0.3)
+    physics = min(c for c in CLOCKS if c >= 1200.0 * 0.3 / threshold)
+    # A TTFT at 0.55 of a 2 s SLO (eight periods of 0.25 s): held only where they clump.
+    controller.remember_ttft_pressure(0.5, 0.55, 0.25 / 2.0)
+    share = 1.0 - (threshold - 0.55) / (0.25 / 2.0)
+    held = controller.descent_clock(seen, (2.0, 0.05))
+    if clumped:
+        assert held is not None and held >= TOP * share - 1e-9 and held > physics
+    else:
+        assert held == pytest.approx(physics)
+    # The same pressure of a 0.2 s SLO (a period outlasts it): held at the parking bound.
+    controller.remember_ttft_pressure(0.75, 0.55, 0.25 / 0.2)
+    share = 1.0 - (threshold - 0.55) / (0.25 / 0.2)
+    held = controller.descent_clock(seen, (2.0, 0.05))
+    assert held is not None and held >= TOP * share - 1e-9 and held > physics
+
+
 def test_compute_bound_decode_stops_at_the_energy_optimum() -> None:
     # Time ~ 1/f with a large static power: energy per iteration falls, then rises.
     time_s = 0.012 * TOP / CLOCKS
