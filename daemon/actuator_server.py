@@ -269,7 +269,7 @@ class ActuatorServer:
         failed = [label for label in self.gpus if label in failed or label in pending]
         for label in failed:
             if label not in lost:
-                self._top_at_stop(self.gpus[label])
+                self._hold_top(self.gpus[label])
         for conn in list(self._connections.values()):
             self._drop(conn, reset=False)
         if self._listener is not None:
@@ -281,17 +281,18 @@ class ActuatorServer:
         return failed
 
     @staticmethod
-    def _top_at_stop(gpu: Gpu) -> None:
-        """A GPU the stop could not reset, held below its top clock (or at clocks unknown):
-        lock the top clock instead, as ``gpugov run``'s exit does, so it is not left low
-        once the actuator is gone; a lock that fails too is only logged (DEBUG)."""
+    def _hold_top(gpu: Gpu) -> None:
+        """A GPU whose reset failed (a lease's end, the stop), held below its top clock
+        (or at clocks unknown): lock the top clock instead, as ``gpugov run``'s exit does,
+        so it is not left low while the reset is retried or once the actuator is gone; a
+        lock that fails too is only logged (DEBUG)."""
         if gpu.held is not None and gpu.held[1] >= gpu.max_mhz:
             return
         label = gpu.backend.label
         try:
             gpu.backend.lock_clocks(gpu.max_mhz, gpu.max_mhz)
         except GpuError as error:
-            log.debug("GPU %s: top clock at stop failed: %s", label, error)
+            log.debug("GPU %s: top clock after a failed reset failed: %s", label, error)
             return
         gpu.held = (gpu.max_mhz, gpu.max_mhz)
         log.warning(
@@ -470,7 +471,8 @@ class ActuatorServer:
     def _reset(self, gpu: Gpu, why: str) -> GpuError | None:
         """Reset ``gpu`` as its lease ended; a failure (returned) frees the GPU (no lease
         holds it) and is retried every :data:`RESET_RETRY_S` until it succeeds or a lock
-        replaces it."""
+        replaces it. Meanwhile the GPU is locked at its top clock (:meth:`_hold_top`): a
+        reset that kept failing left it at the lost governor's low clock."""
         label = gpu.backend.label
         gpu.holder = None
         try:
@@ -478,6 +480,8 @@ class ActuatorServer:
         except GpuError as error:
             if gpu.retry_reset_s is None:
                 log.error("GPU %s: reset (%s) failed, retrying: %s", label, why, error)
+                if not isinstance(error, GpuLost):
+                    self._hold_top(gpu)
             gpu.retry_reset_s = self._clock() + RESET_RETRY_S
             return error
         if gpu.retry_reset_s is not None:

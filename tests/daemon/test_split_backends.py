@@ -210,6 +210,39 @@ def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
         served.stop()
 
 
+def test_a_gpu_whose_reset_keeps_failing_at_a_leases_end_is_held_at_its_top_clock(
+    socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease that ended with a reset failing kept the GPU at the lost governor's low
+    clock for as long as the reset failed (retried every second); it is locked at its top
+    clock meanwhile, and the retried reset still unlocks it once NVML takes it."""
+    import os
+    import time
+
+    monkeypatch.setattr(actuator_server, "RESET_RETRY_S", 0.05)
+    nvml = FakeNvml(1)
+    top = nvml.gpus[0].top_clock_mhz()
+    served = Served(nvml, socket_path, str(os.getuid()))
+    first, (gpu,) = _governor(nvml, socket_path)
+    try:
+        gpu.lock_clocks(705, 705)
+        nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=None)  # NVML_ERROR_TIMEOUT
+        first.close()  # the lease ends; its reset keeps failing
+        deadline = time.monotonic() + 10
+        while nvml.locked(0) != (top, top) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nvml.locked(0) == (top, top)
+        retries = nvml.calls["nvmlDeviceResetGpuLockedClocks"]
+        nvml.clear_failures()
+        while nvml.locked(0) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nvml.locked(0) is None
+        assert nvml.calls["nvmlDeviceResetGpuLockedClocks"] > retries
+    finally:
+        gpu.close()
+        served.stop()
+
+
 def test_a_lease_too_large_for_a_float_is_the_longest_lease_not_an_internal_error(
     socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
