@@ -342,9 +342,9 @@ class MeasuredLatencyRules:
         a decode pool of disaggregated serving, where no prompt is prefilled). Across a
         coarse grid's gap the clock below is allowed too (:meth:`coarse_step`), and taken
         outright until the model has seen it. Where arrivals clump
-        (:class:`ArrivalClumping`) or the TTFT SLO is shorter than a period, the bound is
-        no lower than an idle GPU's parking allows a prompt arriving in the coming period
-        (:meth:`_arrival_park_share`)."""
+        (:class:`ArrivalClumping`; or before that is known) or the TTFT SLO is shorter than
+        a period, the bound is no lower than an idle GPU's parking allows a prompt
+        arriving in the coming period (:meth:`_arrival_park_share`)."""
         if (
             observation.prefill_remaining_tokens > 0.0
             or observation.waiting_requests > 0
@@ -367,9 +367,12 @@ class MeasuredLatencyRules:
             # there: the descent holds an idle GPU's parking bound. Where prompts come
             # alone and the SLO spans more than a period, the burst guard raises the clock
             # in time, and the bound from the last minute's worst TTFT (a long prompt's
-            # queueing) held decode up for nothing. A decode pool prefills nothing.
+            # queueing) held decode up for nothing. Before the clumping is known (a
+            # restored model decides from its first tick) the bound is held. A decode
+            # pool prefills nothing.
             threshold = loosened(self.exploration.explore_threshold, self.looseness)
-            share = self._arrival_park_share(threshold, past_period_only=not self.clumping.clumped)
+            alone = self.clumping.share is not None and not self.clumping.clumped
+            share = self._arrival_park_share(threshold, past_period_only=alone)
             bound = max(bound, float(clocks[-1]) * share)
         table = model.table(
             clocks * model.realized_ratio, float(observation.decode_active), self.context_tokens

@@ -95,9 +95,9 @@ def test_memory_bound_decode_descends_to_the_physics_bound() -> None:
     assert clock * threshold / 0.3 >= 1200.0 - 1e-6  # latency stays under the threshold
 
 
-@pytest.mark.parametrize("clumped", [False, True])
+@pytest.mark.parametrize("clumped", [False, True, None])
 def test_a_ttft_pressure_holds_the_descent_where_arrivals_clump_or_the_slo_is_short(
-    clumped: bool,
+    clumped: bool | None,
 ) -> None:
     """A prompt arriving in a descended window runs at its clock until the next decision.
     Where arrivals come alone and the TTFT SLO spans several periods the burst guard
@@ -105,13 +105,15 @@ def test_a_ttft_pressure_holds_the_descent_where_arrivals_clump_or_the_slo_is_sh
     held decode up for a whole minute, at more energy and with misses on unseen boards
     (Mooncake on a B200 and on Mixtral at 70 %). Where arrivals clump (a second prompt
     lands behind the first before the next decision) or the SLO is shorter than a period,
-    the arrival's bound stands."""
+    the arrival's bound stands, as it does before the clumping is known (``None``: a
+    restored model decides from its first tick)."""
     controller = _controller(_Model(np.full(CLOCKS.size, 0.015)))
     arrived = 0
-    for _ in range(20):
+    for _ in range(0 if clumped is None else 20):
         arrived += 2 if clumped else 1
         controller.clumping.update(_seen(applied=TOP, tpot_ratio=None, arrived=arrived))
-    assert controller.clumping.clumped == clumped
+    assert controller.clumping.clumped == bool(clumped)
+    assert (controller.clumping.share is None) == (clumped is None)
     threshold = controller.exploration.explore_threshold
     seen = _seen(applied=1200.0, tpot_ratio=0.3)
     physics = min(c for c in CLOCKS if c >= 1200.0 * 0.3 / threshold)
@@ -119,7 +121,7 @@ def test_a_ttft_pressure_holds_the_descent_where_arrivals_clump_or_the_slo_is_sh
     controller.remember_ttft_pressure(0.5, 0.55, 0.25 / 2.0)
     share = 1.0 - (threshold - 0.55) / (0.25 / 2.0)
     held = controller.descent_clock(seen, (2.0, 0.05))
-    if clumped:
+    if clumped is not False:
         assert held is not None and held >= TOP * share - 1e-9 and held > physics
     else:
         assert held == pytest.approx(physics)
