@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import node_commands_on
+from daemon_support import eventually, node_commands_on
 from fake_pynvml import FakeNvml
 from fake_zeusd import FakeZeusd
 
@@ -187,7 +187,6 @@ def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
     socket_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
-    import time
 
     monkeypatch.setattr(actuator_server, "RESET_RETRY_S", 0.05)
     nvml = FakeNvml(1)
@@ -197,9 +196,7 @@ def test_a_reset_that_fails_at_a_leases_end_is_retried_and_frees_the_gpu(
         gpu.lock_clocks(1410, 1410)
         nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=2)  # NVML_ERROR_TIMEOUT
         first.close()  # the lease ends; its reset fails twice, then succeeds
-        deadline = time.monotonic() + 10
-        while nvml.locked(0) is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: nvml.locked(0) is None)
         assert nvml.locked(0) is None
         _second, (again,) = _governor(nvml, socket_path)
         again.lock_clocks(1395, 1395)  # not "busy": the dead lease holds nothing
@@ -217,7 +214,6 @@ def test_a_gpu_whose_reset_keeps_failing_at_a_leases_end_is_held_at_its_top_cloc
     clock for as long as the reset failed (retried every second); it is locked at its top
     clock meanwhile, and the retried reset still unlocks it once NVML takes it."""
     import os
-    import time
 
     monkeypatch.setattr(actuator_server, "RESET_RETRY_S", 0.05)
     nvml = FakeNvml(1)
@@ -228,14 +224,11 @@ def test_a_gpu_whose_reset_keeps_failing_at_a_leases_end_is_held_at_its_top_cloc
         gpu.lock_clocks(705, 705)
         nvml.fail("nvmlDeviceResetGpuLockedClocks", 10, times=None)  # NVML_ERROR_TIMEOUT
         first.close()  # the lease ends; its reset keeps failing
-        deadline = time.monotonic() + 10
-        while nvml.locked(0) != (top, top) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: nvml.locked(0) == (top, top))
         assert nvml.locked(0) == (top, top)
         retries = nvml.calls["nvmlDeviceResetGpuLockedClocks"]
         nvml.clear_failures()
-        while nvml.locked(0) is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: nvml.locked(0) is None)
         assert nvml.locked(0) is None
         assert nvml.calls["nvmlDeviceResetGpuLockedClocks"] > retries
     finally:
